@@ -1,0 +1,3 @@
+from minivllm.attention.layer import Attention
+
+__all__ = ["Attention"]

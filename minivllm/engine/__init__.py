@@ -1,0 +1,44 @@
+"""Mirror of vllm/v1/engine/__init__.py: the messages that cross the process boundary.
+
+EngineCoreRequest travels caller -> EngineCore over the input queue;
+EngineCoreOutputs travels back over the output queue. Both are plain
+dataclasses, so they pickle cheaply. Left out: msgspec, multimodal features.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from minivllm.sampling_params import SamplingParams
+
+
+@dataclass
+class EngineCoreRequest:
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    eos_token_id: int | None
+    arrival_time: float
+    priority: int = 0
+
+
+@dataclass
+class EngineCoreOutput:
+    request_id: str
+    new_token_ids: list[int]
+    # per new token: (sampled logprob, sampled rank, [(token_id, logprob), ...] top alternatives)
+    new_logprobs: list[tuple[float, int, list[tuple[int, float]]]] | None = None
+    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    stop_reason: int | str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class EngineCoreOutputs:
+    outputs: list[EngineCoreOutput] = field(default_factory=list)
+    engine_pid: int | None = None
+    # trace events recorded during the steps behind these outputs (empty unless tracing)
+    trace_events: list[dict[str, Any]] = field(default_factory=list)

@@ -1,0 +1,97 @@
+"""Mirror of vllm/v1/engine/llm_engine.py: the caller-side engine between LLM and EngineCore.
+
+`add_request` tokenizes and validates in the caller's process, then hands an
+EngineCoreRequest to the client. `step()` submits nothing and runs nothing
+itself: it takes outputs EngineCore already produced, detokenizes them, checks
+stop strings and aborts the requests those stopped. Left out: input
+preprocessing for multimodal prompts, stats loggers, LoRA.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+
+from minivllm.config import EngineConfig
+from minivllm.core.sched.scheduler import check_request_fits
+from minivllm.engine import EngineCoreRequest
+from minivllm.engine.core_client import make_client
+from minivllm.engine.output_processor import OutputProcessor
+from minivllm.models.loader import load_config, resolve_model
+from minivllm.outputs import RequestOutput
+from minivllm.sampling_params import SamplingParams
+
+logger = logging.getLogger("minivllm")
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, multiprocess: bool | None = None) -> None:
+        from transformers import AutoTokenizer
+        self.config = config
+        self.model_folder = resolve_model(config.model)
+        self.hf_config = load_config(self.model_folder)  # an unsupported architecture fails here, in the caller
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_folder)
+        self.engine_core = make_client(config, self.model_folder, multiprocess)
+        self.info = self.engine_core.info
+        self.output_processor = OutputProcessor(self.tokenizer)
+        self._request_counter = itertools.count()
+
+    @classmethod
+    def from_engine_args(cls, engine_args: EngineConfig, multiprocess: bool | None = None) -> "LLMEngine":
+        return cls(engine_args, multiprocess)
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return self.tokenizer.eos_token_id
+
+    def next_request_id(self) -> str:
+        return str(next(self._request_counter))
+
+    def process_inputs(self, request_id: str, prompt: str | list[int], params: SamplingParams,
+                       priority: int = 0) -> tuple[str | None, EngineCoreRequest]:
+        """Tokenize and validate; raise ValueError naming what to change. Nothing is sent yet."""
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"sampling_params must be SamplingParams, got {type(params).__name__}")
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ValueError("The prompt is an empty string: pass some text or token ids.")
+            text, token_ids = prompt, self.tokenizer.encode(prompt)
+        else:
+            text, token_ids = None, list(prompt)
+            vocab = self.hf_config.vocab_size
+            if not all(isinstance(t, int) and 0 <= t < vocab for t in token_ids):
+                raise ValueError(f"Prompt token ids must be ints in [0, {vocab}).")
+        check_request_fits(len(token_ids), params.max_tokens, self.info["max_model_len"],
+                           self.info["block_size"], self.info["num_gpu_blocks"])
+        return text, EngineCoreRequest(request_id, token_ids, params, self.eos_token_id, time.time(), priority)
+
+    def add_request(self, request_id: str | None, prompt: str | list[int], params: SamplingParams | None = None,
+                    priority: int = 0) -> str:
+        request_id = request_id if request_id is not None else self.next_request_id()
+        text, request = self.process_inputs(request_id, prompt, params or SamplingParams(), priority)
+        self.add_processed_request(text, request)
+        return request_id
+
+    def add_processed_request(self, text: str | None, request: EngineCoreRequest) -> None:
+        self.output_processor.add_request(request.request_id, text, request.prompt_token_ids, request.sampling_params)
+        self.engine_core.add_request(request)
+
+    def step(self) -> list[RequestOutput]:
+        outputs = self.engine_core.get_output()  # 1. outputs EngineCore already produced
+        self.last_trace_events = outputs.trace_events
+        processed = self.output_processor.process_outputs(outputs.outputs)  # 2. detokenize, stop strings
+        self.engine_core.abort_requests(processed.reqs_to_abort)  # 3. free what a stop string ended
+        return processed.request_outputs
+
+    def abort_request(self, request_ids: list[str]) -> None:
+        self.output_processor.abort_requests(request_ids)
+        self.engine_core.abort_requests(request_ids)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.output_processor.has_unfinished_requests()
+
+    def get_num_free_blocks(self) -> int:
+        return self.engine_core.call_utility("get_num_free_blocks")
+
+    def shutdown(self) -> None:
+        self.engine_core.shutdown()

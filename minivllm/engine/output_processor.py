@@ -1,0 +1,123 @@
+"""Mirror of vllm/v1/engine/output_processor.py and detokenizer.py: token ids -> RequestOutput.
+
+Runs in the caller's process. Each request detokenizes incrementally (only the
+new tokens are decoded, with a few tokens of context so word boundaries come
+out right) and checks its stop strings on the new text; a request stopped by a
+string is reported in `reqs_to_abort` so EngineCore frees it. Left out:
+streaming deltas, n > 1 parent requests, metrics.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from minivllm.engine import EngineCoreOutput
+from minivllm.outputs import CompletionOutput, Logprob, RequestOutput
+from minivllm.sampling_params import SamplingParams
+
+
+class IncrementalDetokenizer:
+    CONTEXT = 6  # prompt tokens kept as left context for the first output token
+
+    def __init__(self, tokenizer, prompt_token_ids: list[int], skip_special_tokens: bool) -> None:
+        self.tokenizer, self.skip = tokenizer, skip_special_tokens
+        self.tokens = list(prompt_token_ids[-self.CONTEXT:])
+        self.prefix_offset, self.read_offset = 0, len(self.tokens)
+        self.output_text = ""
+
+    def update(self, new_token_ids: list[int]) -> str:
+        """Decode [prefix_offset:] and keep what goes past the already-read text; wait on partial UTF-8."""
+        delta = ""
+        for token_id in new_token_ids:
+            self.tokens.append(token_id)
+            prefix = self._decode(self.tokens[self.prefix_offset:self.read_offset])
+            text = self._decode(self.tokens[self.prefix_offset:])
+            if len(text) > len(prefix) and not text.endswith("\ufffd"):
+                delta += text[len(prefix):]
+                self.prefix_offset, self.read_offset = self.read_offset, len(self.tokens)
+        self.output_text += delta
+        return delta
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip) if ids else ""
+
+
+@dataclass
+class RequestState:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    detokenizer: IncrementalDetokenizer
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[dict[int, Logprob]] | None = None
+
+
+@dataclass
+class OutputProcessorOutput:
+    request_outputs: list[RequestOutput]
+    reqs_to_abort: list[str]
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.request_states: dict[str, RequestState] = {}
+
+    def add_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
+                    params: SamplingParams) -> None:
+        detok = IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params.skip_special_tokens)
+        self.request_states[request_id] = RequestState(request_id, prompt, prompt_token_ids, params, detok,
+                                                       logprobs=[] if params.logprobs is not None else None)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.request_states)
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        for request_id in request_ids:
+            self.request_states.pop(request_id, None)
+
+    def process_outputs(self, outputs: list[EngineCoreOutput]) -> OutputProcessorOutput:
+        request_outputs, reqs_to_abort = [], []
+        for out in outputs:
+            state = self.request_states.get(out.request_id)
+            if state is None:
+                continue  # aborted here already (stop string, interrupt): late tokens are dropped
+            finish_reason, stop_reason = out.finish_reason, out.stop_reason
+            state.token_ids.extend(out.new_token_ids)
+            if state.logprobs is not None and out.new_logprobs:
+                state.logprobs.extend(self._logprobs(t, e) for t, e in zip(out.new_token_ids, out.new_logprobs))
+            delta = state.detokenizer.update(out.new_token_ids)
+            stop = self._check_stop_strings(state, delta)
+            if stop is not None:
+                finish_reason, stop_reason = "stop", stop
+                if out.finish_reason is None:
+                    reqs_to_abort.append(out.request_id)
+            completion = CompletionOutput(0, state.detokenizer.output_text, list(state.token_ids), finish_reason,
+                                          stop_reason, state.logprobs)
+            finished = finish_reason is not None
+            request_outputs.append(RequestOutput(state.request_id, state.prompt, state.prompt_token_ids,
+                                                 [completion], finished))
+            if finished:
+                del self.request_states[out.request_id]
+        return OutputProcessorOutput(request_outputs, reqs_to_abort)
+
+    @staticmethod
+    def _check_stop_strings(state: RequestState, delta: str) -> str | None:
+        """Find a stop string that the new text completed; cut the text just before it."""
+        if not delta or not state.params.stop:
+            return None
+        detok = state.detokenizer
+        for stop in state.params.stop:
+            start = max(0, len(detok.output_text) - len(delta) - len(stop) + 1)
+            index = detok.output_text.find(stop, start)
+            if index != -1:
+                detok.output_text = detok.output_text[:index]
+                return stop
+        return None
+
+    def _logprobs(self, token_id: int, entry: tuple[float, int, list[tuple[int, float]]]) -> dict[int, Logprob]:
+        """The sampled token (with its rank) plus the top alternatives, as vLLM returns them."""
+        logprob, rank, top = entry
+        ranked = {tid: Logprob(lp, r + 1, self.tokenizer.decode([tid])) for r, (tid, lp) in enumerate(top)}
+        ranked[token_id] = Logprob(logprob, rank, self.tokenizer.decode([token_id]))
+        return ranked

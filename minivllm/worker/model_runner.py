@@ -1,0 +1,162 @@
+"""Mirror of vllm/v1/worker/gpu_model_runner.py: SchedulerOutput in, sampled tokens out.
+
+The runner keeps per-request state (rows of InputBatch) and applies each
+SchedulerOutput as a delta, packs the scheduled tokens on one dimension,
+installs forward_context, runs the model, projects only the `logits_indices`
+rows through lm_head and samples. It knows nothing of queues. Left out:
+CUDA graphs, torch.compile, spec decode, pipeline/tensor parallelism, LoRA,
+multimodal inputs, async output copies.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from minivllm.attention import Attention
+from minivllm.attention.backends.utils import AttentionMetadata
+from minivllm.attention.selector import get_attn_impl
+from minivllm.core.sched.output import SchedulerOutput
+from minivllm.forward_context import set_forward_context
+from minivllm.outputs import ModelRunnerOutput
+from minivllm.sample.sampler import Sampler, SamplingMetadata
+from minivllm.sampling_params import SamplingParams
+from minivllm.worker.input_batch import InputBatch, PackedBatch
+
+
+class GPUModelRunner:
+    def __init__(self, model: torch.nn.Module, *, block_size: int, num_gpu_blocks: int, max_num_reqs: int,
+                 max_model_len: int, max_num_batched_tokens: int, attention_backend: str, device: str = "cpu",
+                 seed: int = 0) -> None:
+        self.model, self.device, self.block_size = model, torch.device(device), block_size
+        self.max_model_len = max_model_len
+        self.attn_layers: dict[str, Attention] = {m.layer_name: m for m in model.modules() if isinstance(m, Attention)}
+        self.kv_caches = self._allocate_kv_cache(num_gpu_blocks, next(model.parameters()).dtype)
+        impl = get_attn_impl(attention_backend)
+        for layer, kv_cache in zip(self.attn_layers.values(), self.kv_caches):
+            layer.kv_cache, layer.impl = kv_cache, impl
+        self.input_batch = InputBatch(max_num_reqs, max_model_len, -(-max_model_len // block_size))
+        self.requests: dict[str, SamplingParams] = {}  # live requests, preempted ones included
+        self.generators: dict[str, torch.Generator] = {}
+        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self.sampler = Sampler()
+        self.trace_enabled = False
+
+    def _allocate_kv_cache(self, num_blocks: int, dtype: torch.dtype) -> list[torch.Tensor]:
+        layer = next(iter(self.attn_layers.values()))
+        shape = (len(self.attn_layers), 2, num_blocks, self.block_size, layer.num_kv_heads, layer.head_size)
+        # zeroed: blocks never written (the null block, a partial block's tail) must not hold NaN
+        kv = torch.zeros(shape, dtype=dtype, device=self.device)  # [layers, 2, blocks, block_size, kv_heads, head]
+        return list(kv.unbind(0))
+
+    def _update_states(self, so: SchedulerOutput) -> None:
+        """Apply the scheduler's deltas: drop finished, park preempted, add new, extend cached."""
+        batch = self.input_batch
+        for req_id in so.finished_req_ids:
+            batch.remove_request(req_id)
+            self.requests.pop(req_id, None)
+            self.generators.pop(req_id, None)
+        for req_id in so.preempted_req_ids:
+            batch.remove_request(req_id)  # its row is gone; its sampling state stays for the recompute
+        for new in so.scheduled_new_reqs:
+            self.requests[new.req_id] = params = new.sampling_params
+            if params.seed is not None:
+                self.generators[new.req_id] = torch.Generator(device=self.device).manual_seed(params.seed)
+            batch.add_request(new.req_id, new.prompt_token_ids, new.block_ids)
+        cached = so.scheduled_cached_reqs
+        for i, req_id in enumerate(cached.req_ids):
+            if cached.resumed_from_preemption[i]:
+                batch.add_request(req_id, cached.resumed_req_token_ids[i], cached.new_block_ids[i])
+            else:
+                batch.append_block_ids(req_id, cached.new_block_ids[i])
+
+    # Packing: request i contributes num_scheduled_tokens[i] consecutive rows starting at
+    # query_start_loc[i]. Every per-token array (input_ids, positions, slot_mapping) is computed
+    # for all tokens at once from two gathers: req_indices (row of each token) and positions.
+    def _prepare_inputs(self, so: SchedulerOutput) -> PackedBatch:
+        batch = self.input_batch
+        req_ids = list(so.num_scheduled_tokens)
+        num_computed = {n.req_id: n.num_computed_tokens for n in so.scheduled_new_reqs}
+        num_computed.update(zip(so.scheduled_cached_reqs.req_ids, so.scheduled_cached_reqs.num_computed_tokens))
+        rows = np.array([batch.req_id_to_row[r] for r in req_ids], dtype=np.int64)  # [num_reqs]
+        num_scheduled = np.array([so.num_scheduled_tokens[r] for r in req_ids], dtype=np.int64)  # [num_reqs]
+        computed = np.array([num_computed[r] for r in req_ids], dtype=np.int64)  # [num_reqs]
+        query_start_loc = np.concatenate(([0], np.cumsum(num_scheduled)))  # [num_reqs + 1]
+        num_tokens = int(query_start_loc[-1])
+        req_indices = np.repeat(np.arange(len(req_ids)), num_scheduled)  # [num_tokens]
+        offsets = np.arange(num_tokens) - query_start_loc[:-1][req_indices]  # [num_tokens]
+        positions = computed[req_indices] + offsets  # [num_tokens]
+        token_rows = rows[req_indices]  # [num_tokens]
+        input_ids = batch.token_ids_cpu[token_rows, positions]  # [num_tokens]
+        block_numbers = batch.block_table_cpu[token_rows, positions // self.block_size]  # [num_tokens]
+        slot_mapping = block_numbers.astype(np.int64) * self.block_size + positions % self.block_size
+        seq_lens = computed + num_scheduled  # [num_reqs]
+        max_blocks = int(-(-seq_lens.max() // self.block_size))
+        block_table = batch.block_table_cpu[rows, :max_blocks]  # [num_reqs, max_blocks]
+        # Only a request whose step reaches its last known token samples; a partial prefill chunk does not.
+        samples = seq_lens >= batch.num_tokens_cpu[rows]  # [num_reqs]
+        sampling = np.nonzero(samples)[0]
+        logits_indices = query_start_loc[1:][sampling] - 1  # [num_logits]
+        dev = self.device
+        return PackedBatch(
+            req_ids=req_ids, num_reqs=len(req_ids), num_scheduled_tokens=num_scheduled, num_tokens=num_tokens,
+            query_start_loc=torch.from_numpy(query_start_loc.astype(np.int32)).to(dev),
+            seq_lens=torch.from_numpy(seq_lens.astype(np.int32)).to(dev),
+            input_ids=torch.from_numpy(input_ids).to(dev), positions=torch.from_numpy(positions).to(dev),
+            slot_mapping=torch.from_numpy(slot_mapping).to(dev),
+            block_table=torch.from_numpy(np.ascontiguousarray(block_table)).to(dev),
+            logits_indices=torch.from_numpy(logits_indices).to(dev), sampling_req_indices=sampling.tolist())
+
+    def _attn_metadata(self, b: PackedBatch) -> AttentionMetadata:
+        qsl, seq_lens = b.query_start_loc.tolist(), b.seq_lens.tolist()
+        return AttentionMetadata(
+            num_actual_tokens=b.num_tokens, max_query_len=int(b.num_scheduled_tokens.max()),
+            query_start_loc=b.query_start_loc, max_seq_len=max(seq_lens), seq_lens=b.seq_lens,
+            block_table=b.block_table, slot_mapping=b.slot_mapping, query_start_loc_cpu=qsl, seq_lens_cpu=seq_lens)
+
+    def _sampling_metadata(self, req_ids: list[str]) -> SamplingMetadata:
+        params = [self.requests[r] for r in req_ids]
+
+        def column(values, default, dtype):
+            return None if all(v == default for v in values) else torch.tensor(values, dtype=dtype, device=self.device)
+
+        wanted = [p.logprobs for p in params if p.logprobs is not None]
+        return SamplingMetadata(
+            temperature=torch.tensor([p.temperature for p in params], dtype=torch.float32, device=self.device),
+            all_greedy=all(p.temperature == 0 for p in params),
+            top_k=column([p.top_k for p in params], 0, torch.int64),
+            top_p=column([p.top_p for p in params], 1.0, torch.float32),
+            min_p=column([p.min_p for p in params], 0.0, torch.float32),
+            generators=[self.generators.get(r, self.generator) for r in req_ids],
+            max_num_logprobs=max(wanted) if wanted else None)
+
+    @torch.inference_mode()
+    def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        self._update_states(so)
+        if so.total_num_scheduled_tokens == 0:
+            return ModelRunnerOutput([], {}, [])
+        b = self._prepare_inputs(so)
+        attn_metadata = self._attn_metadata(b)
+        pulled = {} if self.trace_enabled else None
+        with set_forward_context(attn_metadata, self.attn_layers, slot_mapping=b.slot_mapping, trace=pulled):
+            hidden_states = self.model(b.input_ids, b.positions)  # [num_tokens, hidden_size]
+        logits = self.model.compute_logits(hidden_states[b.logits_indices])  # [num_logits, vocab_size]
+        sampling_ids = [b.req_ids[i] for i in b.sampling_req_indices]
+        sampled = self.sampler(logits, self._sampling_metadata(sampling_ids)) if sampling_ids else None
+        sampled_token_ids: list[list[int]] = [[] for _ in b.req_ids]
+        logprobs: list | None = None
+        if sampled is not None:
+            tokens = sampled.sampled_token_ids.tolist()
+            for req_index, req_id, token in zip(b.sampling_req_indices, sampling_ids, tokens):
+                sampled_token_ids[req_index] = [token]
+                self.input_batch.append_token(req_id, token)
+            if sampled.logprobs is not None:
+                logprobs = [None] * b.num_reqs
+                lp, rank, top_ids, top_lp = (t.tolist() for t in sampled.logprobs)
+                for j, (req_index, req_id) in enumerate(zip(b.sampling_req_indices, sampling_ids)):
+                    k = self.requests[req_id].logprobs
+                    if k is not None:
+                        logprobs[req_index] = [(lp[j], rank[j], list(zip(top_ids[j][:k], top_lp[j][:k])))]
+        trace = None
+        if self.trace_enabled:
+            trace = {"batch": b, "attention": pulled, "sampled": tokens if sampled is not None else []}
+        return ModelRunnerOutput(b.req_ids, {r: i for i, r in enumerate(b.req_ids)}, sampled_token_ids, logprobs, trace)
