@@ -98,6 +98,10 @@ class EngineCore:
     def get_num_free_blocks(self) -> int:
         return self.scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
 
+    def get_stats(self) -> dict:
+        return {"num_preemptions": self.scheduler.num_preemptions, "num_free_blocks": self.get_num_free_blocks(),
+                "num_gpu_blocks": self.num_gpu_blocks, "num_unfinished": self.scheduler.get_num_unfinished_requests()}
+
     def enable_tracing(self, options: dict) -> None:
         from minivllm.tracing import EngineTracer
         self.tracer = EngineTracer(**options)

@@ -93,5 +93,8 @@ class LLMEngine:
     def get_num_free_blocks(self) -> int:
         return self.engine_core.call_utility("get_num_free_blocks")
 
+    def get_stats(self) -> dict:
+        return self.engine_core.call_utility("get_stats")
+
     def shutdown(self) -> None:
         self.engine_core.shutdown()
