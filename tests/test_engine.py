@@ -1,0 +1,155 @@
+"""The public API end to end: both process modes, sampling, stops, bad input, failures."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from conftest import PROMPTS
+from minivllm import LLM, SamplingParams
+from minivllm.engine.core_client import EngineDeadError
+
+
+@pytest.fixture(scope="module")
+def tiny_llm(tiny_llama_folder):
+    llm = LLM(str(tiny_llama_folder), multiprocess=False, max_model_len=256, num_gpu_blocks_override=64)
+    yield llm
+    llm.shutdown()
+
+
+def run(llm, prompts, params):
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    return [(o.outputs[0].token_ids, o.outputs[0].text, o.outputs[0].finish_reason) for o in outputs]
+
+
+def test_in_process_and_multiprocess_give_identical_outputs():
+    params = [SamplingParams(temperature=0, max_tokens=12), SamplingParams(temperature=0.8, top_p=0.9, seed=3,
+                                                                           max_tokens=12)] * 2
+    results, pids = [], []
+    for multiprocess in (False, True):
+        llm = LLM(multiprocess=multiprocess)
+        results.append(run(llm, PROMPTS[:4], params))
+        stats = llm.llm_engine.get_stats()
+        assert stats["num_free_blocks"] == stats["num_gpu_blocks"] - 1
+        pids.append(llm.llm_engine.info["pid"])
+        llm.shutdown()
+    assert results[0] == results[1]
+    assert pids[0] == os.getpid() and pids[1] != os.getpid()  # EngineCore ran in a child the second time
+    assert results[0][0][1].startswith(", the city of Nova Haven")  # real text from the real model
+
+
+def test_generate_returns_outputs_in_input_order(tiny_llm):
+    outputs = tiny_llm.generate(["a b c d e f g h", "x"], SamplingParams(temperature=0, max_tokens=3),
+                                use_tqdm=False)
+    assert [o.prompt for o in outputs] == ["a b c d e f g h", "x"]
+    assert all(o.finished and len(o.outputs[0].token_ids) == 3 for o in outputs)
+    assert outputs[0].outputs[0].finish_reason == "length"
+
+
+def test_seeded_sampling_is_independent_of_the_batch(tiny_llm):
+    seeded = SamplingParams(temperature=1.0, top_k=50, seed=1234, max_tokens=8)
+    alone = run(tiny_llm, ["Once upon a time"], seeded)[0]
+    crowd = run(tiny_llm, ["The sea", "Once upon a time", "1 2 3"],
+                [SamplingParams(temperature=1.0, max_tokens=8), seeded, SamplingParams(temperature=0.5, max_tokens=8)])
+    assert crowd[1] == alone
+
+
+def test_logprobs_of_sampled_token_and_alternatives(tiny_llm):
+    out = tiny_llm.generate(["Once upon a time"], SamplingParams(temperature=0, max_tokens=3, logprobs=2),
+                            use_tqdm=False)[0].outputs[0]
+    assert len(out.logprobs) == 3
+    for token_id, entry in zip(out.token_ids, out.logprobs):
+        assert entry[token_id].rank == 1  # greedy: the sampled token is the most likely
+        assert len(entry) == 2 and all(lp.logprob <= 0 for lp in entry.values())
+
+
+def test_stop_string_truncates_text_and_frees_blocks(tiny_llm):
+    full = tiny_llm.generate(["Once upon a time"], SamplingParams(temperature=0, max_tokens=12),
+                             use_tqdm=False)[0].outputs[0]
+    stop = full.text[len(full.text) // 2:][:3]
+    out = tiny_llm.generate(["Once upon a time"], SamplingParams(temperature=0, max_tokens=12, stop=[stop]),
+                            use_tqdm=False)[0].outputs[0]
+    assert out.finish_reason == "stop" and out.stop_reason == stop
+    assert out.text == full.text[:full.text.find(stop)]
+    stats = tiny_llm.llm_engine.get_stats()
+    assert stats["num_free_blocks"] == stats["num_gpu_blocks"] - 1 and stats["num_unfinished"] == 0
+
+
+def test_stop_token_ids_and_min_tokens(tiny_llm):
+    first = tiny_llm.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)[0]
+    token = first.outputs[0].token_ids[1]
+    out = tiny_llm.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=4, stop_token_ids=[token]),
+                            use_tqdm=False)[0].outputs[0]
+    assert out.token_ids == first.outputs[0].token_ids[:2] and out.stop_reason == token
+
+
+def test_chat_applies_the_chat_template():
+    llm = LLM(multiprocess=False)
+    out = llm.chat([{"role": "user", "content": "What is the capital of France?"}],
+                   SamplingParams(temperature=0, max_tokens=16), use_tqdm=False)[0]
+    llm.shutdown()
+    assert "Paris" in out.outputs[0].text
+    assert out.prompt_token_ids[:2] == llm.get_tokenizer().encode("<|im_start|>system")
+
+
+@pytest.mark.parametrize("field,value", [
+    ("temperature", -1.0), ("top_p", 0.0), ("top_p", 1.5), ("top_k", -2), ("min_p", 1.5), ("seed", "x"),
+    ("max_tokens", 0), ("min_tokens", -1), ("stop", [""]), ("stop_token_ids", [-1]), ("logprobs", -1),
+])
+def test_invalid_sampling_params_name_the_field(field, value):
+    with pytest.raises(ValueError, match=field):
+        SamplingParams(**{field: value})
+
+
+def test_min_tokens_above_max_tokens_is_refused():
+    with pytest.raises(ValueError, match="min_tokens"):
+        SamplingParams(min_tokens=5, max_tokens=2)
+
+
+def test_bad_prompts_are_refused_before_anything_runs(tiny_llm):
+    with pytest.raises(ValueError, match="empty"):
+        tiny_llm.generate([""], use_tqdm=False)
+    with pytest.raises(ValueError, match="max_model_len"):
+        tiny_llm.generate([[5] * 300], use_tqdm=False)
+    with pytest.raises(ValueError, match="one per prompt"):
+        tiny_llm.generate(["a", "b"], [SamplingParams()] * 3, use_tqdm=False)
+    with pytest.raises(ValueError, match="token ids"):
+        tiny_llm.generate([[10**9]], use_tqdm=False)
+    assert tiny_llm.llm_engine.get_stats()["num_unfinished"] == 0
+
+
+def test_unknown_model_and_bad_engine_args():
+    with pytest.raises(ValueError, match="Unknown model"):
+        LLM("/no/such/model-folder", multiprocess=False)
+    with pytest.raises(ValueError, match="block_size"):
+        LLM(block_size=7, multiprocess=False)
+    with pytest.raises(ValueError, match="Unknown engine argument"):
+        LLM(not_an_arg=1, multiprocess=False)
+
+
+def test_unsupported_architecture_is_named(tmp_path):
+    from transformers import GPT2Config
+    GPT2Config(n_layer=1, n_embd=32, n_head=2).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="gpt2"):
+        LLM(str(tmp_path), multiprocess=False)
+
+
+def test_killed_engine_core_raises_within_seconds(tiny_llama_folder):
+    llm = LLM(str(tiny_llama_folder), multiprocess=True, max_model_len=256)
+    pid = llm.llm_engine.info["pid"]
+    os.kill(pid, signal.SIGKILL)
+    start = time.monotonic()
+    with pytest.raises(EngineDeadError, match="died"):
+        llm.generate(["Once upon a time"], SamplingParams(max_tokens=50), use_tqdm=False)
+    assert time.monotonic() - start < 5
+    llm.shutdown()
+
+
+def test_shutdown_leaves_no_child(tiny_llama_folder):
+    llm = LLM(str(tiny_llama_folder), multiprocess=True, max_model_len=256)
+    process = llm.llm_engine.engine_core.process
+    llm.generate(["hi there"], SamplingParams(max_tokens=2), use_tqdm=False)
+    llm.shutdown()
+    assert not process.is_alive()
