@@ -84,10 +84,12 @@ class EngineCore:
         if not self.scheduler.has_unfinished_requests():
             return EngineCoreOutputs(engine_pid=os.getpid(), trace_events=self._trace_events())
         scheduler_output = self.scheduler.schedule()  # 1. spend the token and block budgets
+        if self.tracer is not None:
+            self.tracer.on_schedule(self, scheduler_output)
         model_output = self.model_executor.execute_model(scheduler_output)  # 2. forward + sample
         outputs = self.scheduler.update_from_output(scheduler_output, model_output)  # 3. append, stop, free
         if self.tracer is not None:
-            self.tracer.on_step(self, scheduler_output, model_output, outputs)
+            self.tracer.on_update(self, scheduler_output, model_output, outputs)
         outputs.engine_pid = os.getpid()
         outputs.trace_events = self._trace_events()
         return outputs
@@ -102,10 +104,13 @@ class EngineCore:
         return {"num_preemptions": self.scheduler.num_preemptions, "num_free_blocks": self.get_num_free_blocks(),
                 "num_gpu_blocks": self.num_gpu_blocks, "num_unfinished": self.scheduler.get_num_unfinished_requests()}
 
-    def enable_tracing(self, options: dict) -> None:
-        from minivllm.tracing import EngineTracer
-        self.tracer = EngineTracer(**options)
+    def enable_tracing(self) -> None:
+        from minivllm.tracing.tracer import EngineTracer
+        self.tracer = EngineTracer()
         self.model_executor.trace_enabled = True
+
+    def drain_trace(self) -> list:
+        return self._trace_events()
 
 
 def run_engine_core(config: EngineConfig, model_folder: str, input_queue, output_queue, parent_pid: int) -> None:
@@ -132,7 +137,8 @@ def run_engine_core(config: EngineConfig, model_folder: str, input_queue, output
                 if kind == "SHUTDOWN":
                     return
                 if kind == "ADD":
-                    core.add_request(payload)
+                    for request in payload:
+                        core.add_request(request)
                 elif kind == "ABORT":
                     core.abort_requests(payload)
                 elif kind == "UTILITY":

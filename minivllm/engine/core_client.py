@@ -35,8 +35,9 @@ class InprocClient:
         self.engine_core = EngineCore(config, model_folder)
         self.info = self.engine_core.info()
 
-    def add_request(self, request: EngineCoreRequest) -> None:
-        self.engine_core.add_request(request)
+    def add_requests(self, requests: list[EngineCoreRequest]) -> None:
+        for request in requests:
+            self.engine_core.add_request(request)
 
     def get_output(self) -> EngineCoreOutputs:
         return self.engine_core.step()  # in-process, consuming output means running a step
@@ -92,8 +93,9 @@ class SyncMPClient:
                         f"EngineCore process (pid={self.process.pid}) died unexpectedly with exit code "
                         f"{self.process.exitcode}; its log lines above say why. Create a new LLM to continue.")
 
-    def add_request(self, request: EngineCoreRequest) -> None:
-        self.input_queue.put(("ADD", request))
+    def add_requests(self, requests: list[EngineCoreRequest]) -> None:
+        # one message: EngineCore admits the whole batch before its next step
+        self.input_queue.put(("ADD", list(requests)))
 
     def abort_requests(self, request_ids: list[str]) -> None:
         if request_ids:

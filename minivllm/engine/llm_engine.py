@@ -35,6 +35,7 @@ class LLMEngine:
         self.info = self.engine_core.info
         self.output_processor = OutputProcessor(self.tokenizer)
         self._request_counter = itertools.count()
+        self.tracer = None
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineConfig, multiprocess: bool | None = None) -> "LLMEngine":
@@ -73,15 +74,36 @@ class LLMEngine:
         return request_id
 
     def add_processed_request(self, text: str | None, request: EngineCoreRequest) -> None:
-        self.output_processor.add_request(request.request_id, text, request.prompt_token_ids, request.sampling_params)
-        self.engine_core.add_request(request)
+        self.add_processed_requests([(text, request)])
+
+    def add_processed_requests(self, processed: list[tuple[str | None, EngineCoreRequest]]) -> None:
+        for text, request in processed:
+            self.output_processor.add_request(request.request_id, text, request.prompt_token_ids,
+                                              request.sampling_params)
+            if self.tracer is not None:
+                self.tracer.on_submit(request, text)
+        self.engine_core.add_requests([request for _, request in processed])
 
     def step(self) -> list[RequestOutput]:
         outputs = self.engine_core.get_output()  # 1. outputs EngineCore already produced
-        self.last_trace_events = outputs.trace_events
         processed = self.output_processor.process_outputs(outputs.outputs)  # 2. detokenize, stop strings
         self.engine_core.abort_requests(processed.reqs_to_abort)  # 3. free what a stop string ended
+        if self.tracer is not None:
+            self.tracer.on_outputs(outputs, processed)
         return processed.request_outputs
+
+    def enable_tracing(self):
+        """Record every step from here on (see minivllm.tracing); returns the Trace being filled."""
+        from minivllm.tracing.tracer import Trace
+        self.engine_core.call_utility("enable_tracing")
+        self.tracer = Trace(self.info)
+        return self.tracer
+
+    def collect_trace(self):
+        """Pull events EngineCore recorded after its last output (late aborts) into the trace."""
+        if self.tracer is not None:
+            self.tracer.extend(self.engine_core.call_utility("drain_trace"))
+        return self.tracer
 
     def abort_request(self, request_ids: list[str]) -> None:
         self.output_processor.abort_requests(request_ids)

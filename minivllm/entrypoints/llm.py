@@ -43,8 +43,7 @@ class LLM:
         # Validate everything before sending anything: a bad prompt leaves the engine untouched.
         processed = [engine.process_inputs(engine.next_request_id(), p, sp, pr)
                      for p, sp, pr in zip(prompts, params, priority)]
-        for text, request in processed:
-            engine.add_processed_request(text, request)
+        engine.add_processed_requests(processed)
         request_ids = [request.request_id for _, request in processed]
         return self._run_engine(request_ids, use_tqdm)
 

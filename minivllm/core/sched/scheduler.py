@@ -103,7 +103,7 @@ class Scheduler:
                 break
             request = self.waiting.peek_request()
             num_new_tokens = request.num_tokens - request.num_computed_tokens
-            if cfg.long_prefill_token_threshold:
+            if cfg.enable_chunked_prefill and cfg.long_prefill_token_threshold:  # a cap on chunks: no chunking, no cap
                 num_new_tokens = min(num_new_tokens, cfg.long_prefill_token_threshold)
             if not cfg.enable_chunked_prefill and num_new_tokens > token_budget:
                 break  # stays at the head of WAITING, retried whole next step
@@ -145,7 +145,7 @@ class Scheduler:
 
     def _num_new_tokens(self, request: Request, token_budget: int) -> int:
         num_new_tokens = request.num_tokens - request.num_computed_tokens
-        if self.scheduler_config.long_prefill_token_threshold:
+        if self.scheduler_config.enable_chunked_prefill and self.scheduler_config.long_prefill_token_threshold:
             num_new_tokens = min(num_new_tokens, self.scheduler_config.long_prefill_token_threshold)
         return min(num_new_tokens, token_budget)
 

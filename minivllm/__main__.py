@@ -1,0 +1,40 @@
+"""Command line: `python -m minivllm trace` (the main job) and `python -m minivllm generate`."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    from minivllm.tracing.cli import add_trace_arguments, run_trace
+
+    parser = argparse.ArgumentParser(prog="python -m minivllm", description="minivllm: vLLM's V1 engine, small.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    trace = sub.add_parser("trace", help="print one request's lifecycle through the engine, step by step",
+                           description="Follow one request from LLM.generate() to text: SchedulerOutput, the "
+                                       "packed batch, slot_mapping and block_table at every step.")
+    add_trace_arguments(trace)
+    gen = sub.add_parser("generate", help="generate text for a prompt", description="Generate text for a prompt.")
+    gen.add_argument("prompt", help="the prompt text")
+    gen.add_argument("--max-tokens", type=int, default=50, help="tokens to generate (default: %(default)s)")
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default: %(default)s)")
+    gen.add_argument("--model", default=None, help="model folder, .gguf file or cached hub id")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "trace":
+            run_trace(args)
+        else:
+            from minivllm import LLM, SamplingParams
+            llm = LLM(args.model)
+            out = llm.generate([args.prompt], SamplingParams(max_tokens=args.max_tokens,
+                                                             temperature=args.temperature), use_tqdm=False)
+            print(args.prompt + out[0].outputs[0].text)
+            llm.shutdown()
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

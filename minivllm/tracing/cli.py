@@ -1,0 +1,65 @@
+"""`python -m minivllm trace`: one request's lifecycle, printed step by step from the real engine.
+
+The focus request ("Once upon a time" by default) runs with a few neighbours
+so continuous batching shows: they finish at different steps, their blocks go
+back to the pool, and a request that waited for a slot is admitted mid-run.
+All requests are submitted in one message, so every run prints the same trace.
+"""
+from __future__ import annotations
+
+import argparse
+
+NEIGHBOURS = [
+    ("The capital of France is", 6),
+    ("Write a haiku about the sea.", 10),
+    ("In a paged KV cache, every request owns a list of physical blocks.", 14),
+    ("def fibonacci(n):", 8),
+    ("The quick brown fox", 12),
+    ("1, 2, 3, 4, 5,", 9),
+]
+
+
+def add_trace_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--prompt", default="Once upon a time", help="the traced request's prompt (default: %(default)r)")
+    p.add_argument("--max-tokens", type=int, default=24, help="tokens the traced request generates (greedy)")
+    p.add_argument("--neighbours", type=int, default=3, choices=range(0, len(NEIGHBOURS) + 1), metavar="N",
+                   help=f"neighbour requests sharing the engine, 0-{len(NEIGHBOURS)} (default: %(default)s)")
+    p.add_argument("--max-num-seqs", type=int, default=3,
+                   help="running-request cap; below 1 + neighbours some requests wait for a slot (default: 3)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=8192,
+                   help="token budget per step; make it small (e.g. 4) to watch chunked prefill")
+    p.add_argument("--num-blocks", type=int, default=None,
+                   help="KV blocks in the pool, block 0 included; make it small (e.g. 6) to watch preemption")
+    p.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default: 16)")
+    p.add_argument("--steps", type=int, default=3, help="print this many steps in full, then one line per step")
+    p.add_argument("--json", metavar="FILE", help="also write the whole trace, machine-readable, to FILE")
+    p.add_argument("--model", default=None, help="model folder, .gguf file or cached hub id (default: SmolLM2-135M)")
+    p.add_argument("--in-process", action="store_true", help="run EngineCore in this process instead of a child")
+
+
+def run_trace(args: argparse.Namespace, console=None):
+    from minivllm import LLM, SamplingParams
+    from minivllm.tracing.render import make_console, render_trace
+
+    console = console or make_console()
+    llm = LLM(args.model, block_size=args.block_size, max_num_batched_tokens=args.max_num_batched_tokens,
+              max_num_seqs=args.max_num_seqs, num_gpu_blocks_override=args.num_blocks,
+              max_model_len=2048, multiprocess=not args.in_process)
+    try:
+        engine = llm.llm_engine
+        trace = engine.enable_tracing()
+        prompts = [(args.prompt, SamplingParams(temperature=0, max_tokens=args.max_tokens))]
+        prompts += [(p, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
+                    for p, n in NEIGHBOURS[:args.neighbours]]
+        engine.add_processed_requests([engine.process_inputs(engine.next_request_id(), p, sp) for p, sp in prompts])
+        while engine.has_unfinished_requests():
+            engine.step()
+        engine.collect_trace()
+        tokenizer = engine.tokenizer
+        render_trace(trace, console, full_steps=args.steps, focus="0", decode=lambda t: tokenizer.decode([t]))
+        if args.json:
+            trace.to_json(args.json)
+            console.print(f"trace written to {args.json}")
+        return trace
+    finally:
+        llm.shutdown()

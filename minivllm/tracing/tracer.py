@@ -1,0 +1,142 @@
+"""Record what each stage of the engine saw, as plain JSON-ready events.
+
+EngineTracer lives inside EngineCore (the child process by default): it writes
+one "schedule", "execute" and "update" event per step, which ride back to the
+caller inside EngineCoreOutputs.trace_events, so they cross the IPC queue like
+any output. Trace lives in the caller: it adds "submit" and "outputs" events
+and holds the whole sequence. Nothing here feeds back into the engine.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+
+def _ids(values) -> list:
+    return sorted(values, key=lambda r: (len(r), r))
+
+
+class EngineTracer:
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+        self.step = 0
+        self._blocks: dict[str, list[int]] = {}  # block ids per request as of the last schedule()
+
+    def drain(self) -> list[dict[str, Any]]:
+        events, self.events = self.events, []
+        return events
+
+    def _emit(self, kind: str, **fields) -> None:
+        self.events.append({"kind": kind, "process": "EngineCore", "pid": os.getpid(), **fields})
+
+    def on_add_request(self, core, request) -> None:
+        self._emit("arrival", request_id=request.request_id, num_prompt_tokens=len(request.prompt_token_ids),
+                   waiting=[r.request_id for r in core.scheduler.waiting])
+
+    def on_abort(self, core, request_ids) -> None:
+        freed = {r: self._blocks.pop(r, []) for r in request_ids}
+        self._emit("abort", request_ids=list(request_ids), freed=freed, num_free_blocks=core.get_num_free_blocks())
+
+    def on_schedule(self, core, so) -> None:
+        self.step += 1
+        scheduler = core.scheduler
+        manager = scheduler.kv_cache_manager
+        self._blocks = {r: manager.get_block_ids(r) for r in scheduler.requests}
+        cached = so.scheduled_cached_reqs
+        self._emit(
+            "schedule", step=self.step,
+            scheduled_new_reqs=[{"req_id": n.req_id, "num_prompt_tokens": len(n.prompt_token_ids),
+                                 "block_ids": n.block_ids, "num_computed_tokens": n.num_computed_tokens}
+                                for n in so.scheduled_new_reqs],
+            scheduled_cached_reqs={"req_ids": cached.req_ids, "resumed_from_preemption": cached.resumed_from_preemption,
+                                   "new_block_ids": cached.new_block_ids,
+                                   "num_computed_tokens": cached.num_computed_tokens},
+            num_scheduled_tokens=dict(so.num_scheduled_tokens),
+            total_num_scheduled_tokens=so.total_num_scheduled_tokens,
+            finished_req_ids=_ids(so.finished_req_ids), preempted_req_ids=_ids(so.preempted_req_ids),
+            waiting=[r.request_id for r in scheduler.waiting], running=[r.request_id for r in scheduler.running],
+            num_free_blocks=manager.block_pool.get_num_free_blocks(),
+            block_tables={r: self._blocks[r] for r in so.num_scheduled_tokens})
+
+    def on_update(self, core, so, model_output, outputs) -> None:
+        trace = model_output.trace or {}
+        batch, pulled = trace.get("batch"), trace.get("attention") or {}
+        if batch is not None:
+            md = pulled.get("attn_metadata")
+            self._emit(
+                "execute", step=self.step,
+                batch={"req_ids": batch.req_ids, "num_scheduled_tokens": batch.num_scheduled_tokens.tolist(),
+                       "query_start_loc": batch.query_start_loc.tolist(), "seq_lens": batch.seq_lens.tolist(),
+                       "input_ids": batch.input_ids.tolist(), "positions": batch.positions.tolist(),
+                       "slot_mapping": batch.slot_mapping.tolist(), "block_table": batch.block_table.tolist(),
+                       "logits_indices": batch.logits_indices.tolist()},
+                attention=None if md is None else {
+                    "layer_name": pulled["layer_name"], "kv_cache_shape": pulled["kv_cache_shape"],
+                    "num_actual_tokens": md.num_actual_tokens, "max_query_len": md.max_query_len,
+                    "max_seq_len": md.max_seq_len, "block_table_shape": list(md.block_table.shape),
+                    "slot_mapping_len": int(pulled["slot_mapping"].numel())},
+                sampled={batch.req_ids[i]: t for i, t in zip(batch.sampling_req_indices, trace.get("sampled", []))})
+        freed = {o.request_id: self._blocks.get(o.request_id, []) for o in outputs.outputs if o.finished}
+        self._emit("update", step=self.step,
+                   outputs=[{"request_id": o.request_id, "new_token_ids": o.new_token_ids,
+                             "finish_reason": o.finish_reason, "stop_reason": o.stop_reason} for o in outputs.outputs],
+                   freed=freed, num_free_blocks=core.get_num_free_blocks(),
+                   waiting=[r.request_id for r in core.scheduler.waiting],
+                   running=[r.request_id for r in core.scheduler.running])
+
+
+class Trace:
+    """The caller's record: engine facts (info) plus every event from both processes, in order."""
+
+    def __init__(self, info: dict, events: list | None = None, caller_pid: int | None = None) -> None:
+        self.info = dict(info)
+        self.caller_pid = os.getpid() if caller_pid is None else caller_pid
+        self.events: list[dict[str, Any]] = list(events or [])
+
+    @property
+    def multiprocess(self) -> bool:
+        return self.info.get("pid") != self.caller_pid
+
+    def extend(self, events: list[dict[str, Any]]) -> None:
+        self.events.extend(events)
+
+    def on_submit(self, request, text: str | None) -> None:
+        self.events.append({"kind": "submit", "process": "caller", "pid": self.caller_pid,
+                            "request_id": request.request_id, "prompt": text,
+                            "prompt_token_ids": list(request.prompt_token_ids),
+                            "max_tokens": request.sampling_params.max_tokens})
+
+    def on_outputs(self, engine_core_outputs, processed) -> None:
+        self.extend(engine_core_outputs.trace_events)
+        if processed.request_outputs:
+            self.events.append({"kind": "outputs", "process": "caller", "pid": self.caller_pid,
+                                "outputs": [{"request_id": o.request_id, "text": o.outputs[0].text,
+                                             "token_ids": o.outputs[0].token_ids, "finished": o.finished,
+                                             "finish_reason": o.outputs[0].finish_reason,
+                                             "stop_reason": o.outputs[0].stop_reason}
+                                            for o in processed.request_outputs],
+                                "reqs_to_abort": list(processed.reqs_to_abort)})
+
+    def of_kind(self, kind: str) -> list[dict[str, Any]]:
+        return [e for e in self.events if e["kind"] == kind]
+
+    def summary(self) -> dict[str, Any]:
+        schedules = self.of_kind("schedule")
+        usable = self.info["num_gpu_blocks"] - 1
+        return {"steps": len(schedules),
+                "scheduled_tokens": sum(e["total_num_scheduled_tokens"] for e in schedules),
+                "generated_tokens": sum(len(o["new_token_ids"]) for e in self.of_kind("update") for o in e["outputs"]),
+                "preemptions": sum(len(e["preempted_req_ids"]) for e in schedules),
+                "peak_blocks": max((usable - e["num_free_blocks"] for e in schedules), default=0),
+                "num_gpu_blocks": self.info["num_gpu_blocks"]}
+
+    def to_json(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps({"info": self.info, "caller_pid": self.caller_pid,
+                                          "events": self.events}, indent=1))
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> "Trace":
+        data = json.loads(Path(path).read_text())
+        return cls(data["info"], data["events"], data["caller_pid"])
