@@ -9,10 +9,12 @@ child outlives its client. Left out: ZMQ, msgpack, async clients, data-parallel 
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
 import multiprocessing
 import os
 import queue
+import sys
 import weakref
 
 from minivllm.config import EngineConfig
@@ -65,6 +67,25 @@ def _stop_process(process, input_queue) -> None:
         process.join(timeout=3)
 
 
+@contextlib.contextmanager
+def _main_module_hidden():
+    """Start the child without re-running the caller's script.
+
+    A spawned child normally re-imports the caller's __main__ (which is why scripts need an
+    `if __name__ == "__main__":` guard). EngineCore needs nothing from it, so while the child is
+    being started we hide where __main__ came from, and a plain script just works.
+    """
+    main = sys.modules.get("__main__")
+    saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if main is not None and k in main.__dict__}
+    try:
+        for key in saved:
+            setattr(main, key, None) if key == "__spec__" else delattr(main, key)
+        yield
+    finally:
+        for key, value in saved.items():
+            setattr(main, key, value)
+
+
 class SyncMPClient:
     POLL_S = 0.2
 
@@ -73,7 +94,8 @@ class SyncMPClient:
         self.input_queue, self.output_queue = ctx.Queue(), ctx.Queue()
         self.process = ctx.Process(target=run_engine_core, name="EngineCore", daemon=True,
                                    args=(config, str(model_folder), self.input_queue, self.output_queue, os.getpid()))
-        self.process.start()
+        with _main_module_hidden():
+            self.process.start()
         self._finalizer = weakref.finalize(self, _stop_process, self.process, self.input_queue)
         self._pending: collections.deque = collections.deque()  # outputs that arrived during a utility call
         self._call_ids = itertools.count()

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import torch
 
+from minivllm.models.layers import cpu_packed_linear_available, pack_linear_weights
+
 logger = logging.getLogger("minivllm")
 
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -127,4 +129,8 @@ def get_model(folder: Path, config, max_model_len: int, dtype: torch.dtype, devi
     cls = {"llama": LlamaForCausalLM, "opt": OPTForCausalLM}[config.model_type]
     model = cls(config, max_model_len)
     model.load_weights(iterate_weights(Path(folder)))
-    return model.to(device=device, dtype=dtype).eval()
+    model = model.to(device=device, dtype=dtype).eval()
+    if (device == "cpu" and dtype == torch.float32 and cpu_packed_linear_available()
+            and os.environ.get("MINIVLLM_CPU_PACKED_LINEAR", "1") != "0"):
+        pack_linear_weights(model)  # the CPU GEMM fast path; weights themselves are unchanged
+    return model

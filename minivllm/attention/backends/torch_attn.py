@@ -19,13 +19,22 @@ def gather_history(cache: torch.Tensor, block_table_row: torch.Tensor, seq_len: 
 
     cache [num_blocks, block_size, H, D], block_table_row [>= cdiv(seq_len, block_size)] -> [seq_len, H, D]
     """
-    block_size = cache.shape[1]
-    num_blocks = -(-seq_len // block_size)
-    physical = block_table_row[:num_blocks].long()  # physical = block_table[logical]
-    return cache[physical].flatten(0, 1)[:seq_len]
+    num_blocks = -(-seq_len // cache.shape[1])
+    return gather_blocks(cache, block_table_row[:num_blocks]).flatten(0, 1)[:seq_len]
+
+
+def gather_blocks(cache: torch.Tensor, physical: torch.Tensor) -> torch.Tensor:
+    """cache [num_blocks, block_size, H, D], physical [...] block ids -> [..., block_size, H, D].
+
+    index_select on a [num_blocks, block_size * H * D] view copies whole blocks at memcpy speed
+    (about 8x faster on the CPU than the equivalent advanced indexing `cache[physical]`).
+    """
+    flat = cache.view(cache.shape[0], -1)
+    return flat.index_select(0, physical.reshape(-1)).view(*physical.shape, *cache.shape[1:])
 
 
 class TorchAttentionImpl:
+    DECODE_GROUP = 8  # decodes per batched gather + SDPA
     def do_kv_cache_update(self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
                            slot_mapping: torch.Tensor) -> None:
         """The write path: token i's K/V lands in slot slot_mapping[i] (-1 is padding, skipped)."""
@@ -42,17 +51,19 @@ class TorchAttentionImpl:
         key_cache, value_cache = kv_cache[0], kv_cache[1]  # [num_blocks, block_size, num_kv_heads, head_size]
         block_size = key_cache.shape[1]
         qsl, seq_lens = md.query_start_loc_cpu, md.seq_lens_cpu
-        decodes = [i for i in range(md.num_reqs) if qsl[i + 1] - qsl[i] == 1]
-        if decodes:
-            tokens = torch.tensor([qsl[i] for i in decodes], device=query.device)  # [num_decodes]
-            max_len = max(seq_lens[i] for i in decodes)
-            num_blocks = -(-max_len // block_size)
-            rows = md.block_table[decodes, :num_blocks].long()  # [num_decodes, num_blocks]
-            k = key_cache[rows].flatten(1, 2).transpose(1, 2)  # [num_decodes, num_kv_heads, L, head_size]
-            v = value_cache[rows].flatten(1, 2).transpose(1, 2)
-            lens = md.seq_lens[decodes].unsqueeze(1)  # [num_decodes, 1]
-            mask = torch.arange(k.shape[2], device=query.device).unsqueeze(0) < lens  # [num_decodes, L]
-            q = query[tokens].unsqueeze(2)  # [num_decodes, num_heads, 1, head_size]
+        # Single-token decodes: sorted by length and served in groups, so each group's gather pads
+        # only to its own longest history.
+        decodes = sorted((i for i in range(md.num_reqs) if qsl[i + 1] - qsl[i] == 1), key=seq_lens.__getitem__)
+        for g in range(0, len(decodes), self.DECODE_GROUP):
+            group = decodes[g:g + self.DECODE_GROUP]
+            tokens = torch.tensor([qsl[i] for i in group], device=query.device)  # [n]
+            num_blocks = -(-seq_lens[group[-1]] // block_size)
+            rows = md.block_table[group, :num_blocks]  # [n, num_blocks]: physical = block_table[logical]
+            k = gather_blocks(key_cache, rows).flatten(1, 2).transpose(1, 2)  # [n, num_kv_heads, L, head_size]
+            v = gather_blocks(value_cache, rows).flatten(1, 2).transpose(1, 2)
+            lens = md.seq_lens[group].unsqueeze(1)  # [n, 1]
+            mask = torch.arange(k.shape[2], device=query.device).unsqueeze(0) < lens  # [n, L]
+            q = query[tokens].unsqueeze(2)  # [n, num_heads, 1, head_size]
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None, None, :], scale=layer.scale,
                                                  enable_gqa=True)
             output[tokens] = out.squeeze(2)
