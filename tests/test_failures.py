@@ -91,3 +91,18 @@ def test_no_engine_core_outlives_its_caller(tiny_llama_folder, how):
     while _alive(child) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _alive(child), f"EngineCore pid {child} outlived its caller ({how})"
+
+
+def test_a_plain_script_without_main_guard_runs_in_multiprocess_mode(tiny_llama_folder, tmp_path):
+    """The spawned EngineCore must not re-run the caller's script (no `if __name__ == "__main__"` needed)."""
+    script = tmp_path / "plain.py"
+    script.write_text(textwrap.dedent(f"""
+        from minivllm import LLM, SamplingParams
+        llm = LLM({str(tiny_llama_folder)!r}, max_model_len=256)
+        out = llm.generate(["Once upon a time"], SamplingParams(max_tokens=3), use_tqdm=False)
+        print("tokens", len(out[0].outputs[0].token_ids))
+    """))
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "MINIVLLM_LOGGING_LEVEL": "ERROR"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "tokens 3"

@@ -35,6 +35,7 @@ def profile_engine(llm, prompts, max_tokens) -> dict[str, float]:
                (model, "compute_logits", "sample"), (runner, "sampler", "sample"),
                (scheduler, "update_from_output", "update"),
                (llm.llm_engine.output_processor, "process_outputs", "output processing")]
+    originals = [(obj, attr, obj.__dict__.get(attr)) for obj, attr, _ in patches]
     for obj, attr, name in patches:
         setattr(obj, attr, _timed(totals, name, getattr(obj, attr)))
     try:
@@ -43,8 +44,11 @@ def profile_engine(llm, prompts, max_tokens) -> dict[str, float]:
         llm.generate(prompts, params, use_tqdm=False)
         wall = time.perf_counter() - start
     finally:
-        for obj, attr, _ in patches:
-            delattr(obj, attr)  # drop the instance attribute: the class method shows through again
+        for obj, attr, original in reversed(originals):
+            if original is None:
+                delattr(obj, attr)  # a method: the class's shows through again
+            else:
+                setattr(obj, attr, original)  # an instance attribute (the sampler): put it back
     phases = dict(totals)
     phases["other (python glue)"] = wall - sum(phases.values())
     return phases

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 from minivllm.config import EngineConfig
 from minivllm.engine.llm_engine import LLMEngine

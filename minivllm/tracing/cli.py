@@ -37,6 +37,19 @@ def add_trace_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--in-process", action="store_true", help="run EngineCore in this process instead of a child")
 
 
+def run_traced(llm, requests: list[tuple]) -> "Trace":
+    """Submit (prompt, SamplingParams) pairs in one message, run them to the end with tracing on.
+
+    Returns the Trace. `llm.generate` would give the same tokens: tracing only observes.
+    """
+    engine = llm.llm_engine
+    trace = engine.enable_tracing()
+    engine.add_processed_requests([engine.process_inputs(engine.next_request_id(), p, sp) for p, sp in requests])
+    while engine.has_unfinished_requests():
+        engine.step()
+    return engine.collect_trace()
+
+
 def run_trace(args: argparse.Namespace, console=None):
     from minivllm import LLM, SamplingParams
     from minivllm.tracing.render import make_console, render_trace
@@ -46,16 +59,11 @@ def run_trace(args: argparse.Namespace, console=None):
               max_num_seqs=args.max_num_seqs, num_gpu_blocks_override=args.num_blocks,
               max_model_len=2048, multiprocess=not args.in_process)
     try:
-        engine = llm.llm_engine
-        trace = engine.enable_tracing()
         prompts = [(args.prompt, SamplingParams(temperature=0, max_tokens=args.max_tokens))]
         prompts += [(p, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
                     for p, n in NEIGHBOURS[:args.neighbours]]
-        engine.add_processed_requests([engine.process_inputs(engine.next_request_id(), p, sp) for p, sp in prompts])
-        while engine.has_unfinished_requests():
-            engine.step()
-        engine.collect_trace()
-        tokenizer = engine.tokenizer
+        trace = run_traced(llm, prompts)
+        tokenizer = llm.llm_engine.tokenizer
         render_trace(trace, console, full_steps=args.steps, focus="0", decode=lambda t: tokenizer.decode([t]))
         if args.json:
             trace.to_json(args.json)

@@ -60,7 +60,8 @@ def render_scheduler_output(event: dict, console: Console) -> None:
 def render_batch(event: dict, console: Console) -> None:
     """The packed batch of one step: every array on the one token dimension, and each block_table row."""
     b = event["batch"]
-    console.print(f"packed batch (step {event['step']}): req_ids={fmt_list(b['req_ids'])}")
+    step = f" (step {event['step']})" if "step" in event else ""
+    console.print(f"packed batch{step}: req_ids={fmt_list(b['req_ids'])}")
     for name in ("input_ids", "positions", "num_scheduled_tokens", "query_start_loc", "seq_lens", "slot_mapping",
                  "logits_indices"):
         console.print(f"  {name:<21}= {fmt_list(b[name])}")
@@ -100,9 +101,11 @@ def step_line(sched: dict, update: dict, decode: Callable) -> str:
     return line + (f"  finished {', '.join(ends)}" if ends else "")
 
 
-def render_trace(trace: Trace, console: Console, full_steps: int = 3, focus: str = "0",
+def render_trace(trace: Trace, console: Console, full_steps: int = 3, focus: str | None = None,
                  decode: Callable[[int], str] = str) -> None:
     info = trace.info
+    if focus is None:  # the first request submitted is the one the trace follows
+        focus = next((e["request_id"] for e in trace.of_kind("submit")), "0")
     where = "a child process (IPC queues)" if trace.multiprocess else "the caller's process"
     console.rule("minivllm trace")
     console.print(f"EngineCore runs in {where}")

@@ -18,6 +18,36 @@ def _ids(values) -> list:
     return sorted(values, key=lambda r: (len(r), r))
 
 
+def describe_schedule(scheduler, so, step: int) -> dict[str, Any]:
+    """One SchedulerOutput plus the queues and free blocks right after schedule(), as plain data.
+
+    Works on any Scheduler, so a scheduler driven by hand (no model) prints like the engine's.
+    """
+    manager = scheduler.kv_cache_manager
+    cached = so.scheduled_cached_reqs
+    return dict(
+        step=step,
+        scheduled_new_reqs=[{"req_id": n.req_id, "num_prompt_tokens": len(n.prompt_token_ids),
+                             "block_ids": n.block_ids, "num_computed_tokens": n.num_computed_tokens}
+                            for n in so.scheduled_new_reqs],
+        scheduled_cached_reqs={"req_ids": cached.req_ids, "resumed_from_preemption": cached.resumed_from_preemption,
+                               "new_block_ids": cached.new_block_ids, "num_computed_tokens": cached.num_computed_tokens},
+        num_scheduled_tokens=dict(so.num_scheduled_tokens), total_num_scheduled_tokens=so.total_num_scheduled_tokens,
+        finished_req_ids=_ids(so.finished_req_ids), preempted_req_ids=_ids(so.preempted_req_ids),
+        waiting=[r.request_id for r in scheduler.waiting], running=[r.request_id for r in scheduler.running],
+        num_free_blocks=manager.block_pool.get_num_free_blocks(),
+        block_tables={r: manager.get_block_ids(r) for r in so.num_scheduled_tokens})
+
+
+def describe_batch(batch) -> dict[str, Any]:
+    """A PackedBatch (the runner's flat model input for one step) as plain lists."""
+    return {"req_ids": list(batch.req_ids), "num_scheduled_tokens": batch.num_scheduled_tokens.tolist(),
+            "query_start_loc": batch.query_start_loc.tolist(), "seq_lens": batch.seq_lens.tolist(),
+            "input_ids": batch.input_ids.tolist(), "positions": batch.positions.tolist(),
+            "slot_mapping": batch.slot_mapping.tolist(), "block_table": batch.block_table.tolist(),
+            "logits_indices": batch.logits_indices.tolist()}
+
+
 class EngineTracer:
     def __init__(self) -> None:
         self.events: list[dict[str, Any]] = []
@@ -41,24 +71,9 @@ class EngineTracer:
 
     def on_schedule(self, core, so) -> None:
         self.step += 1
-        scheduler = core.scheduler
-        manager = scheduler.kv_cache_manager
-        self._blocks = {r: manager.get_block_ids(r) for r in scheduler.requests}
-        cached = so.scheduled_cached_reqs
-        self._emit(
-            "schedule", step=self.step,
-            scheduled_new_reqs=[{"req_id": n.req_id, "num_prompt_tokens": len(n.prompt_token_ids),
-                                 "block_ids": n.block_ids, "num_computed_tokens": n.num_computed_tokens}
-                                for n in so.scheduled_new_reqs],
-            scheduled_cached_reqs={"req_ids": cached.req_ids, "resumed_from_preemption": cached.resumed_from_preemption,
-                                   "new_block_ids": cached.new_block_ids,
-                                   "num_computed_tokens": cached.num_computed_tokens},
-            num_scheduled_tokens=dict(so.num_scheduled_tokens),
-            total_num_scheduled_tokens=so.total_num_scheduled_tokens,
-            finished_req_ids=_ids(so.finished_req_ids), preempted_req_ids=_ids(so.preempted_req_ids),
-            waiting=[r.request_id for r in scheduler.waiting], running=[r.request_id for r in scheduler.running],
-            num_free_blocks=manager.block_pool.get_num_free_blocks(),
-            block_tables={r: self._blocks[r] for r in so.num_scheduled_tokens})
+        manager = core.scheduler.kv_cache_manager
+        self._blocks = {r: manager.get_block_ids(r) for r in core.scheduler.requests}
+        self._emit("schedule", **describe_schedule(core.scheduler, so, self.step))
 
     def on_update(self, core, so, model_output, outputs) -> None:
         trace = model_output.trace or {}
@@ -67,11 +82,7 @@ class EngineTracer:
             md = pulled.get("attn_metadata")
             self._emit(
                 "execute", step=self.step,
-                batch={"req_ids": batch.req_ids, "num_scheduled_tokens": batch.num_scheduled_tokens.tolist(),
-                       "query_start_loc": batch.query_start_loc.tolist(), "seq_lens": batch.seq_lens.tolist(),
-                       "input_ids": batch.input_ids.tolist(), "positions": batch.positions.tolist(),
-                       "slot_mapping": batch.slot_mapping.tolist(), "block_table": batch.block_table.tolist(),
-                       "logits_indices": batch.logits_indices.tolist()},
+                batch=describe_batch(batch),
                 attention=None if md is None else {
                     "layer_name": pulled["layer_name"], "kv_cache_shape": pulled["kv_cache_shape"],
                     "num_actual_tokens": md.num_actual_tokens, "max_query_len": md.max_query_len,
