@@ -20,6 +20,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:  # one fused op; same formula as below
+            return torch.nn.functional.rms_norm(x, self.weight.shape, self.weight, self.eps)
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -55,10 +57,15 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos_cache", emb.cos(), persistent=False)
         self.register_buffer("sin_cache", emb.sin(), persistent=False)
 
+        self._last: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # positions [num_tokens]; q [num_tokens, num_heads, head_dim]; k [num_tokens, num_kv_heads, head_dim]
-        cos = self.cos_cache[positions].unsqueeze(1).to(q.dtype)  # [num_tokens, 1, head_dim]
-        sin = self.sin_cache[positions].unsqueeze(1).to(q.dtype)
+        if self._last is None or self._last[0] is not positions:  # every layer of a step shares one lookup
+            cos = self.cos_cache[positions].unsqueeze(1).to(q.dtype)  # [num_tokens, 1, head_dim]
+            sin = self.sin_cache[positions].unsqueeze(1).to(q.dtype)
+            self._last = (positions, cos, sin)
+        _, cos, sin = self._last
         return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
 
 
