@@ -110,10 +110,11 @@ class TorchAttentionImpl:
             output[g.tokens] = out.squeeze(2)
         for c in chunks:
             row = attn_metadata.block_table[c.req_index]
-            k = gather_history(key_cache, row, c.seq_len).transpose(0, 1)  # [num_kv_heads, L, head_size]
-            v = gather_history(value_cache, row, c.seq_len).transpose(0, 1)
-            q = query[c.start:c.end].transpose(0, 1)  # [num_heads, query_len, head_size]
+            # 4-D inputs (a batch of one) take torch's fused CPU kernel; 3-D ones fall back to plain math
+            k = gather_history(key_cache, row, c.seq_len).transpose(0, 1)[None]  # [1, num_kv_heads, L, head_size]
+            v = gather_history(value_cache, row, c.seq_len).transpose(0, 1)[None]
+            q = query[c.start:c.end].transpose(0, 1)[None]  # [1, num_heads, query_len, head_size]
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=c.mask, is_causal=c.mask is None,
                                                  scale=layer.scale, enable_gqa=True)
-            output[c.start:c.end] = out.transpose(0, 1)
+            output[c.start:c.end] = out[0].transpose(0, 1)
         return output
