@@ -27,17 +27,17 @@ import torch  # noqa: E402
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--num-requests", type=int, default=32)
-    p.add_argument("--min-input", type=int, default=16)
-    p.add_argument("--max-input", type=int, default=256)
-    p.add_argument("--min-output", type=int, default=16)
-    p.add_argument("--max-output", type=int, default=128)
+    p.add_argument("--num-requests", type=int, default=32, help="requests in the workload (default: 32)")
+    p.add_argument("--min-input", type=int, default=16, help="shortest random prompt, tokens (default: 16)")
+    p.add_argument("--max-input", type=int, default=256, help="longest random prompt, tokens (default: 256)")
+    p.add_argument("--min-output", type=int, default=16, help="smallest max_tokens (default: 16)")
+    p.add_argument("--max-output", type=int, default=128, help="largest max_tokens (default: 128)")
     p.add_argument("--model", default=None, help="model folder / .gguf (default: SmolLM2-135M-Instruct)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--rounds", type=int, default=2, help="measured rounds per system (after one warm-up)")
     p.add_argument("--systems", default="minivllm,hf-static,hf-cb", help="comma-separated subset to run")
     p.add_argument("--profile", action="store_true", help="print where minivllm's step time goes")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="workload seed (default: 0)")
     return p.parse_args(argv)
 
 
@@ -93,9 +93,9 @@ def sync(device: str) -> None:
 class MiniVLLM:
     name = "minivllm"
 
-    def __init__(self, folder, device):
+    def __init__(self, folder, device, max_model_len):
         from minivllm import LLM
-        self.llm = LLM(str(folder), device=device, max_model_len=1024)
+        self.llm = LLM(str(folder), device=device, max_model_len=max_model_len)
 
     def run(self, prompts, max_tokens):
         from minivllm import SamplingParams
@@ -155,14 +155,15 @@ def main(argv=None):
     systems = []
     for name in names:
         if name == "minivllm":
-            systems.append(MiniVLLM(folder, args.device))
+            systems.append(MiniVLLM(folder, args.device, args.max_input + args.max_output))
         else:
             hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(args.device).eval()
             systems.append((HFStatic if name == "hf-static" else HFContinuous)(hf, args.device))
     print(f"workload: {args.num_requests} requests, prompts {args.min_input}-{args.max_input} tokens "
           f"({sum(map(len, prompts))} in all), max_tokens {args.min_output}-{args.max_output} ({requested} in all)")
+    warm = min(4, len(prompts))
     for s in systems:  # warm-up
-        s.run(prompts[:4], [8] * 4)
+        s.run(prompts[:warm], [8] * warm)
     times = {s.name: [] for s in systems}
     for r in range(args.rounds):
         for s in (systems if r % 2 == 0 else systems[::-1]):
@@ -192,8 +193,8 @@ def print_profile(args, folder, prompts, max_tokens, mp_wall: float | None):
     """Wall time per phase of EngineCore.step(), from an in-process engine on the same workload."""
     from minivllm import LLM
     from minivllm.engine.profile import profile_engine
-    llm = LLM(str(folder), device=args.device, max_model_len=1024, multiprocess=False)
-    profile_engine(llm, prompts[:4], [8] * 4)  # warm-up
+    llm = LLM(str(folder), device=args.device, max_model_len=args.max_input + args.max_output, multiprocess=False)
+    profile_engine(llm, prompts[:4], [8] * len(prompts[:4]))  # warm-up
     phases = profile_engine(llm, prompts, max_tokens)
     llm.shutdown()
     total = sum(phases.values())

@@ -1,0 +1,17 @@
+"""The benchmark scripts run end to end on tiny sizes (smoke tests: no timing is asserted)."""
+from __future__ import annotations
+
+import runpy
+import sys
+
+import pytest
+
+
+def test_throughput_benchmark_runs_all_three_systems(tiny_llama_folder, capsys, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["throughput.py", "--model", str(tiny_llama_folder), "--num-requests", "3",
+                                      "--min-input", "4", "--max-input", "12", "--min-output", "2",
+                                      "--max-output", "5", "--rounds", "1", "--profile"])
+    runpy.run_path("benchmarks/throughput.py", run_name="__main__")
+    out = capsys.readouterr().out
+    for name in ("minivllm", "hf-static", "hf-cb", "MFU", "where the time goes", "forward"):
+        assert name in out
