@@ -149,6 +149,9 @@ def render_trace(trace: Trace, console: Console, full_steps: int = 3, focus: str
                                   f"{o['finish_reason']}: {len(o['token_ids'])} tokens, text {o['text'][:60]!r}")
     final = [o for e in trace.of_kind("outputs") for o in e["outputs"] if o["request_id"] == focus and o["finished"]]
     console.rule(f"request {focus}")
+    prompt = next((e["prompt"] for e in trace.of_kind("submit") if e["request_id"] == focus), None)
+    if prompt is not None:
+        console.print(f"prompt: {prompt!r}")
     if final:
         console.print(f"text: {final[-1]['text']!r}")
     s = trace.summary()
