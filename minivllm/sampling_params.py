@@ -6,7 +6,7 @@ guided decoding, logits processors, penalties, n > 1.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass

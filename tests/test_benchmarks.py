@@ -4,7 +4,6 @@ from __future__ import annotations
 import runpy
 import sys
 
-import pytest
 
 
 def test_throughput_benchmark_runs_all_three_systems(tiny_llama_folder, capsys, monkeypatch):

@@ -37,13 +37,13 @@ def add_trace_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--in-process", action="store_true", help="run EngineCore in this process instead of a child")
 
 
-def run_traced(llm, requests: list[tuple]) -> "Trace":
+def run_traced(llm, requests: list[tuple]):
     """Submit (prompt, SamplingParams) pairs in one message, run them to the end with tracing on.
 
     Returns the Trace. `llm.generate` would give the same tokens: tracing only observes.
     """
     engine = llm.llm_engine
-    trace = engine.enable_tracing()
+    engine.enable_tracing()
     engine.add_processed_requests([engine.process_inputs(engine.next_request_id(), p, sp) for p, sp in requests])
     while engine.has_unfinished_requests():
         engine.step()
