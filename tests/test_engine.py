@@ -153,3 +153,18 @@ def test_shutdown_leaves_no_child(tiny_llama_folder):
     llm.generate(["hi there"], SamplingParams(max_tokens=2), use_tqdm=False)
     llm.shutdown()
     assert not process.is_alive()
+
+
+def test_hub_id_already_in_the_local_hf_cache_loads(tiny_llama_folder, tmp_path, monkeypatch):
+    """A hub id resolves through the local HF cache only; nothing is downloaded."""
+    import shutil
+    snapshot = tmp_path / "models--acme--tiny-llama" / "snapshots" / "0123456789abcdef"
+    shutil.copytree(tiny_llama_folder, snapshot)
+    (tmp_path / "models--acme--tiny-llama" / "refs").mkdir()
+    (tmp_path / "models--acme--tiny-llama" / "refs" / "main").write_text("0123456789abcdef")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path))
+    from minivllm.models.loader import resolve_model
+    assert resolve_model("acme/tiny-llama") == snapshot
+    with pytest.raises(ValueError, match="Unknown model"):
+        resolve_model("acme/not-cached")
