@@ -98,6 +98,10 @@ def step_line(sched: dict, update: dict, decode: Callable) -> str:
             f"  tokens {tokens}")
     if sched["preempted_req_ids"]:
         line += f"  PREEMPTED {fmt_list(sched['preempted_req_ids'])}"
+    cached = sched["scheduled_cached_reqs"]
+    resumed = [r for r, flag in zip(cached["req_ids"], cached["resumed_from_preemption"]) if flag]
+    if resumed:
+        line += f"  RESUMED (recompute) {fmt_list(resumed)}"
     return line + (f"  finished {', '.join(ends)}" if ends else "")
 
 
