@@ -23,7 +23,7 @@ def runner(tiny_llama_folder):
     config = load_config(tiny_llama_folder)
     model = get_model(tiny_llama_folder, config, 512, torch.float32, "cpu")
     return GPUModelRunner(model, block_size=16, num_gpu_blocks=16, max_num_reqs=8, max_model_len=512,
-                          max_num_batched_tokens=64, attention_backend="torch")
+                          attention_backend="torch")
 
 
 def article_step() -> SchedulerOutput:

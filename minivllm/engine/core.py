@@ -69,7 +69,7 @@ class EngineCore:
         self.model_executor = GPUModelRunner(
             model, block_size=config.block_size, num_gpu_blocks=self.num_gpu_blocks,
             max_num_reqs=config.max_num_seqs, max_model_len=self.max_model_len,
-            max_num_batched_tokens=config.max_num_batched_tokens, attention_backend=self.attention_backend,
+            attention_backend=self.attention_backend,
             device=config.device, seed=config.seed)
         self.tracer = None  # set by minivllm.tracing; observes each step, changes nothing
         logger.info("EngineCore ready: %s, %d KV blocks of %d tokens, max_model_len=%d, %s attention",

@@ -25,7 +25,7 @@ from minivllm.worker.input_batch import InputBatch, PackedBatch
 
 class GPUModelRunner:
     def __init__(self, model: torch.nn.Module, *, block_size: int, num_gpu_blocks: int, max_num_reqs: int,
-                 max_model_len: int, max_num_batched_tokens: int, attention_backend: str, device: str = "cpu",
+                 max_model_len: int, attention_backend: str, device: str = "cpu",
                  seed: int = 0) -> None:
         self.model, self.device, self.block_size = model, torch.device(device), block_size
         self.max_model_len = max_model_len
