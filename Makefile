@@ -37,7 +37,7 @@ notebooks: setup  ## re-execute every notebook in place (a clean restart-and-run
 
 lab: setup  ## open JupyterLab on the notebooks (installs jupyterlab into .venv on first use)
 	$(PY) -c "import jupyterlab" 2>/dev/null || $(PY) -m pip install -q jupyterlab==4.6.6
-	$(PY) -m jupyter lab notebooks
+	$(PY) -m jupyter lab notebooks --ip 127.0.0.1 $(if $(filter 0,$(shell id -u)),--allow-root)
 
 loc:  ## lines per module
 	@find minivllm -name '*.py' | sort | xargs wc -l
