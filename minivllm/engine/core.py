@@ -139,7 +139,8 @@ def run_engine_core(config: EngineConfig, model_folder: str, input_queue, output
         core = EngineCore(config, model_folder)
         output_queue.put(("READY", core.info()))
     except BaseException as e:  # a bad model or config: tell the caller, then exit
-        output_queue.put(("ERROR", f"{type(e).__name__}: {e}", isinstance(e, ValueError)))
+        refused = isinstance(e, ValueError)  # bad input: the caller gets the ValueError itself
+        output_queue.put(("ERROR", str(e) if refused else f"{type(e).__name__}: {e}", refused))
         return
     try:
         while True:

@@ -99,21 +99,26 @@ class SyncMPClient:
         self._finalizer = weakref.finalize(self, _stop_process, self.process, self.input_queue)
         self._pending: collections.deque = collections.deque()  # outputs that arrived during a utility call
         self._call_ids = itertools.count()
-        kind, payload, *rest = self._receive()
-        if kind == "ERROR":
+        try:
+            _, self.info = self._receive()  # ("READY", info)
+        except BaseException:
             self.shutdown()
-            raise (ValueError if rest and rest[0] else EngineDeadError)(payload)
-        self.info = payload
+            raise
 
-    def _receive(self):
+    def _receive(self) -> tuple[str, object]:
+        """The next (kind, payload) from EngineCore; an ERROR message or a dead child raises here."""
         while True:
             try:
-                return self.output_queue.get(timeout=self.POLL_S)
+                kind, payload, *rest = self.output_queue.get(timeout=self.POLL_S)
             except queue.Empty:
                 if not self.process.is_alive():
                     raise EngineDeadError(
                         f"EngineCore process (pid={self.process.pid}) died unexpectedly with exit code "
                         f"{self.process.exitcode}; its log lines above say why. Create a new LLM to continue.")
+                continue
+            if kind == "ERROR":  # rest[0]: the child refused bad input (a ValueError) rather than failed
+                raise ValueError(payload) if rest and rest[0] else EngineDeadError(f"EngineCore failed:\n{payload}")
+            return kind, payload
 
     def add_requests(self, requests: list[EngineCoreRequest]) -> None:
         # one message: EngineCore admits the whole batch before its next step
@@ -127,23 +132,19 @@ class SyncMPClient:
         if self._pending:
             return self._pending.popleft()
         while True:
-            kind, payload, *rest = self._receive()
+            kind, payload = self._receive()
             if kind == "OUTPUTS":
                 return payload
-            if kind == "ERROR":
-                raise EngineDeadError(f"EngineCore failed:\n{payload}")
 
     def call_utility(self, name: str, *args):
         call_id = next(self._call_ids)
         self.input_queue.put(("UTILITY", (call_id, name, args)))
         while True:
-            kind, payload, *rest = self._receive()
+            kind, payload = self._receive()
             if kind == "UTILITY" and payload[0] == call_id:
                 return payload[1]
             if kind == "OUTPUTS":
                 self._pending.append(payload)
-            elif kind == "ERROR":
-                raise EngineDeadError(f"EngineCore failed:\n{payload}")
 
     def shutdown(self) -> None:
         self._finalizer()

@@ -75,7 +75,7 @@ def render_batch(event: dict, console: Console) -> None:
                       f"slot_mapping[{a['slot_mapping_len']}]")
 
 
-def render_update(sched: dict, execute: dict | None, update: dict, console: Console, decode: Callable) -> None:
+def render_update(execute: dict | None, update: dict, console: Console, decode: Callable) -> None:
     if execute is not None:
         rows = dict(zip(execute["batch"]["req_ids"], range(len(execute["batch"]["req_ids"]))))
         picks = [f"{r}: row {execute['batch']['query_start_loc'][rows[r] + 1] - 1} -> {t} {decode(t)!r}"
@@ -140,7 +140,7 @@ def render_trace(trace: Trace, console: Console, full_steps: int = 3, focus: str
                 render_scheduler_output(e, console)
                 if "execute" in step:
                     render_batch(step["execute"], console)
-                render_update(e, step.get("execute"), step["update"], console, decode)
+                render_update(step.get("execute"), step["update"], console, decode)
             else:
                 if not shown_line_header:
                     console.rule("later steps, one line each")
