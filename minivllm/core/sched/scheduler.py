@@ -70,7 +70,7 @@ class Scheduler:
         req_index = 0
         while req_index < len(self.running) and token_budget > 0:
             request = self.running[req_index]
-            num_new_tokens = self._num_new_tokens(request, token_budget)
+            num_new_tokens = min(self._num_new_tokens(request), token_budget)  # the budget clamp
             if num_new_tokens == 0:
                 req_index += 1
                 continue
@@ -102,9 +102,7 @@ class Scheduler:
             if len(self.running) >= cfg.max_num_seqs:
                 break
             request = self.waiting.peek_request()
-            num_new_tokens = request.num_tokens - request.num_computed_tokens
-            if cfg.enable_chunked_prefill and cfg.long_prefill_token_threshold:  # a cap on chunks: no chunking, no cap
-                num_new_tokens = min(num_new_tokens, cfg.long_prefill_token_threshold)
+            num_new_tokens = self._num_new_tokens(request)
             if not cfg.enable_chunked_prefill and num_new_tokens > token_budget:
                 break  # stays at the head of WAITING, retried whole next step
             num_new_tokens = min(num_new_tokens, token_budget)  # the chunked-prefill clamp
@@ -143,11 +141,16 @@ class Scheduler:
         self.finished_req_ids = set()
         return output
 
-    def _num_new_tokens(self, request: Request, token_budget: int) -> int:
+    def _num_new_tokens(self, request: Request) -> int:
+        """How far num_computed_tokens is behind num_tokens, capped by long_prefill_token_threshold.
+
+        The cap applies only with chunked prefill on (a cap on chunks: no chunking, no cap).
+        """
         num_new_tokens = request.num_tokens - request.num_computed_tokens
-        if self.scheduler_config.enable_chunked_prefill and self.scheduler_config.long_prefill_token_threshold:
-            num_new_tokens = min(num_new_tokens, self.scheduler_config.long_prefill_token_threshold)
-        return min(num_new_tokens, token_budget)
+        cfg = self.scheduler_config
+        if cfg.enable_chunked_prefill and cfg.long_prefill_token_threshold:
+            num_new_tokens = min(num_new_tokens, cfg.long_prefill_token_threshold)
+        return num_new_tokens
 
     def _preempt_request(self, request: Request) -> None:
         """Preemption by recompute: drop the KV, forget the progress, go first in line."""
