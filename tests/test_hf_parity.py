@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import PROMPTS, hf_greedy
-from minivllm import LLM, SamplingParams
+from minivllm import LLM, SamplingParams, _C
 
 MAX_TOKENS = 20
 
@@ -48,6 +48,15 @@ def test_smollm2_greedy_matches_hf_with_every_prompt_chunked(prompt_ids, hf_refe
 def test_smollm2_greedy_matches_hf_under_preemption(prompt_ids, hf_reference):
     tokens, stats = run_engine(None, prompt_ids, num_gpu_blocks_override=8)
     assert stats["num_preemptions"] > 0, "the pool was meant to be too small for all requests at once"
+    assert tokens == hf_reference
+
+
+def test_smollm2_greedy_matches_hf_on_the_pytorch_path(prompt_ids, hf_reference, monkeypatch):
+    """Without the compiled CPU ops (no compiler, or MINIVLLM_CPU_KERNELS=0) every op takes its PyTorch line."""
+    monkeypatch.setattr(_C, "_lib", None)
+    monkeypatch.setattr(_C, "_tried", True)
+    assert not _C.available()
+    tokens, _ = run_engine(None, prompt_ids, max_num_batched_tokens=min(len(p) for p in prompt_ids) - 1)
     assert tokens == hf_reference
 
 

@@ -130,7 +130,9 @@ def get_model(folder: Path, config, max_model_len: int, dtype: torch.dtype, devi
     model = cls(config, max_model_len)
     model.load_weights(iterate_weights(Path(folder)))
     model = model.to(device=device, dtype=dtype).eval()
-    if (device == "cpu" and dtype == torch.float32 and cpu_packed_linear_available()
-            and os.environ.get("MINIVLLM_CPU_PACKED_LINEAR", "1") != "0"):
-        pack_linear_weights(model)  # the CPU GEMM fast path; weights themselves are unchanged
+    if device == "cpu" and dtype == torch.float32:
+        from minivllm import _C
+        _C.load()  # build (first time) or load the compiled CPU ops now, not inside the first step
+        if cpu_packed_linear_available() and os.environ.get("MINIVLLM_CPU_PACKED_LINEAR", "1") != "0":
+            pack_linear_weights(model)  # the CPU GEMM fast path; weights themselves are unchanged
     return model

@@ -1,10 +1,12 @@
 """The PyTorch reference backend: write K/V by slot_mapping, read history by block_table.
 
 Plays the role of vLLM's CPU attention backend (csrc/cpu/cpu_attn_impl.hpp):
-the same two address structures, in tensor ops. All single-token decodes of a
-step are served by one batched gather + SDPA; each prefill chunk gathers its
-own history (few per step). Left out: sliding windows, ALiBi, soft-capping,
-quantized caches.
+the same two address structures, in tensor ops. Single-token decodes are
+served in groups by one batched gather + SDPA each, or, where the compiled CPU
+ops are available (minivllm/_C.py), by one kernel call that reads the paged
+cache through block_table with no gather. Each prefill chunk attends with SDPA
+over its history (gathered only if it has any). Left out: sliding windows,
+ALiBi, soft-capping, quantized caches.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from minivllm import _C
 from minivllm.attention.backends.utils import AttentionMetadata
 
 
@@ -38,6 +41,7 @@ def gather_blocks(cache: torch.Tensor, physical: torch.Tensor) -> torch.Tensor:
 @dataclass
 class DecodeGroup:
     tokens: torch.Tensor  # [n] row of each decode token in the packed batch
+    reqs: torch.Tensor  # [n] its request's row in block_table / seq_lens
     rows: torch.Tensor  # [n, num_blocks] their block_table rows, cut to the group's longest history
     mask: torch.Tensor  # [n, 1, 1, L] which gathered positions are real history
 
@@ -65,6 +69,7 @@ def plan_step(md: AttentionMetadata, block_size: int, group_size: int) -> tuple[
         lens = md.seq_lens[members].unsqueeze(1)  # [n, 1]
         mask = torch.arange(num_blocks * block_size, device=device).unsqueeze(0) < lens  # [n, L]
         groups.append(DecodeGroup(torch.tensor([qsl[i] for i in members], device=device),
+                                  torch.tensor(members, device=device),
                                   md.block_table[members, :num_blocks], mask[:, None, None, :]))
     chunks = []
     for i in range(md.num_reqs):
@@ -97,22 +102,32 @@ class TorchAttentionImpl:
 
     def forward(self, layer, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
                 attn_metadata: AttentionMetadata, output: torch.Tensor) -> torch.Tensor:
-        """The read path: each request's history is gathered block by block through its block_table row."""
+        """The read path: each request's history is found block by block through its block_table row."""
         key_cache, value_cache = kv_cache[0], kv_cache[1]  # [num_blocks, block_size, num_kv_heads, head_size]
+        compiled = _C.usable(query, key_cache)
         if self._plan is None or self._plan[0] is not attn_metadata:
-            self._plan = (attn_metadata, plan_step(attn_metadata, key_cache.shape[1], self.DECODE_GROUP))
+            group_size = attn_metadata.num_reqs if compiled else self.DECODE_GROUP  # the kernel takes them all
+            self._plan = (attn_metadata, plan_step(attn_metadata, key_cache.shape[1], max(group_size, 1)))
         groups, chunks = self._plan[1]
         for g in groups:
+            if compiled:
+                _C.paged_attention_decode(output, query, key_cache, value_cache, attn_metadata.block_table,
+                                          attn_metadata.seq_lens, g.tokens, g.reqs, attn_metadata.max_seq_len,
+                                          layer.scale)
+                continue
             k = gather_blocks(key_cache, g.rows).flatten(1, 2).transpose(1, 2)  # [n, num_kv_heads, L, head_size]
             v = gather_blocks(value_cache, g.rows).flatten(1, 2).transpose(1, 2)
             q = query[g.tokens].unsqueeze(2)  # [n, num_heads, 1, head_size]
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=g.mask, scale=layer.scale, enable_gqa=True)
             output[g.tokens] = out.squeeze(2)
         for c in chunks:
-            row = attn_metadata.block_table[c.req_index]
-            # 4-D inputs (a batch of one) take torch's fused CPU kernel; 3-D ones fall back to plain math
-            k = gather_history(key_cache, row, c.seq_len).transpose(0, 1)[None]  # [1, num_kv_heads, L, head_size]
-            v = gather_history(value_cache, row, c.seq_len).transpose(0, 1)[None]
+            if c.seq_len == c.end - c.start:  # no history: this step's own K/V is the whole sequence
+                k, v = key[c.start:c.end].transpose(0, 1)[None], value[c.start:c.end].transpose(0, 1)[None]
+            else:
+                row = attn_metadata.block_table[c.req_index]
+                # 4-D inputs (a batch of one) take torch's fused CPU kernel; 3-D ones fall back to plain math
+                k = gather_history(key_cache, row, c.seq_len).transpose(0, 1)[None]  # [1, num_kv_heads, L, head_size]
+                v = gather_history(value_cache, row, c.seq_len).transpose(0, 1)[None]
             q = query[c.start:c.end].transpose(0, 1)[None]  # [1, num_heads, query_len, head_size]
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=c.mask, is_causal=c.mask is None,
                                                  scale=layer.scale, enable_gqa=True)

@@ -1,0 +1,198 @@
+"""Mirror of vllm._C, the compiled op library, for the CPU: csrc/cpu/ops.c built on first use and called via ctypes.
+
+vLLM ships its C++ ops prebuilt inside the wheel; minivllm compiles its one C file with the
+system's C compiler the first time an engine starts on the CPU (about a second) and caches the
+shared library under MINIVLLM_CACHE_DIR/ops/, keyed by the source, the flags and the CPU. Each
+wrapper checks dtypes and layouts, then hands raw pointers to C; the library runs on torch's own
+OpenMP thread pool (the same libgomp), so `torch.set_num_threads` governs it too.
+
+Without a compiler, or with MINIVLLM_CPU_KERNELS=0, `available()` is False and every caller
+keeps its PyTorch path, which the tests use as the reference. Left out: CUDA, bf16/fp16, fp8.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from minivllm.logger import init_logger
+
+logger = init_logger(__name__)
+
+SOURCE = Path(__file__).parent / "csrc" / "cpu" / "ops.c"
+CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math", "-std=c11", "-fPIC", "-shared"]
+_P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+SIGNATURES = {
+    "rms_norm": [_P, _P, _P, _I, _I, _I, _F],
+    "fused_add_rms_norm": [_P, _P, _P, _I, _I, _F],
+    "silu_and_mul": [_P, _P, _I, _I],
+    "rotary_embedding": [_P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I],
+    "paged_attention_decode": [_P] * 9 + [_I] * 8 + [_F],
+    "pack_linear_weight": [_P, _P, _I, _I],
+    "linear_small_batch": [_P, _P, _P, _P, _I, _I, _I, _I],
+}
+PANEL = 32  # output columns per packed weight panel (ops.c)
+_lib: ctypes.CDLL | None = None
+_tried = False
+
+
+def _cpu_id() -> str:
+    try:  # the instruction-set flags decide what -march=native may emit
+        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
+    except (OSError, StopIteration):
+        flags = platform.processor()
+    return platform.machine() + flags
+
+
+def library_path() -> Path:
+    from minivllm.models.loader import cache_dir
+    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(CFLAGS).encode() + _cpu_id().encode()).hexdigest()[:16]
+    return cache_dir() / "ops" / f"minivllm_cpu_ops-{key}.so"
+
+
+def build(path: Path) -> None:
+    """Compile ops.c into `path` (atomically: a half-written library is never loaded)."""
+    compiler = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+    if compiler is None:
+        raise RuntimeError("no C compiler found (set CC, or install gcc)")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
+        target = Path(tmp) / path.name
+        result = subprocess.run([compiler, *CFLAGS, str(SOURCE), "-o", str(target), "-lm"],
+                                capture_output=True, text=True)
+        if result.returncode != 0:
+            raise RuntimeError(f"{compiler} failed:\n{result.stderr.strip()}")
+        os.replace(target, path)
+
+
+def load() -> ctypes.CDLL | None:
+    """The library, built if needed; None (once logged) where it cannot be had or is switched off."""
+    global _lib, _tried
+    if _tried:
+        return _lib
+    _tried = True
+    if os.environ.get("MINIVLLM_CPU_KERNELS", "1") == "0":
+        return None
+    try:
+        path = library_path()
+        if not path.exists():
+            start = time.perf_counter()
+            build(path)
+            logger.info("compiled CPU kernels in %.1f s: %s", time.perf_counter() - start, path)
+        lib = ctypes.CDLL(str(path))
+        for name, argtypes in SIGNATURES.items():
+            fn = getattr(lib, name)
+            fn.argtypes, fn.restype = argtypes, None
+        _lib = lib
+    except (OSError, RuntimeError) as e:
+        logger.warning("CPU kernels unavailable, using the PyTorch path instead: %s", e)
+    return _lib
+
+
+def available() -> bool:
+    return load() is not None
+
+
+def usable(*tensors: torch.Tensor) -> bool:
+    """True when the compiled ops can serve these tensors: all float32 on the CPU, library loaded."""
+    return all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors) and available()
+
+
+def _rows(x: torch.Tensor, width: int) -> int:
+    """Row stride of a 2-D float32 view whose rows are each contiguous."""
+    if x.dim() != 2 or x.shape[1] != width or (x.shape[0] > 1 and x.stride(1) != 1):
+        raise ValueError(f"expected rows of {width} contiguous floats, got shape {tuple(x.shape)} strides {x.stride()}")
+    return x.stride(0)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x [num_tokens, hidden] (rows may be strided) -> weight * x / rms(x), a new contiguous tensor."""
+    hidden = weight.shape[0]
+    out = torch.empty(x.shape[0], hidden, dtype=x.dtype)
+    _lib.rms_norm(out.data_ptr(), x.data_ptr(), weight.data_ptr(), x.shape[0], hidden, _rows(x, hidden), eps)
+    return out
+
+
+def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
+    """In place: residual += x, then x = rms_norm(residual). Both contiguous [num_tokens, hidden]."""
+    if not (x.is_contiguous() and residual.is_contiguous() and x.shape == residual.shape):
+        raise ValueError("fused_add_rms_norm needs two contiguous tensors of one shape")
+    _lib.fused_add_rms_norm(x.data_ptr(), residual.data_ptr(), weight.data_ptr(), x.shape[0], x.shape[1], eps)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """x [num_tokens, 2 * d] contiguous -> silu(x[:, :d]) * x[:, d:], [num_tokens, d]."""
+    x = x.contiguous()
+    d = x.shape[-1] // 2
+    out = torch.empty(*x.shape[:-1], d, dtype=x.dtype)
+    _lib.silu_and_mul(out.data_ptr(), x.data_ptr(), x.numel() // (2 * d) if d else 0, d)
+    return out
+
+
+def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, cos_cache: torch.Tensor,
+                     sin_cache: torch.Tensor) -> None:
+    """In place, neox style. query [num_tokens, num_heads, head_size], key [num_tokens, num_kv_heads, head_size]:
+    each head's row contiguous, tokens at any stride; cos/sin_cache [max_position, head_size] contiguous."""
+    num_tokens, num_heads, head_size = query.shape
+    num_kv_heads = key.shape[1]
+    for t in (query, key):
+        if t.stride(2) != 1 or t.stride(1) != head_size:
+            raise ValueError(f"rotary_embedding needs contiguous heads, got strides {t.stride()}")
+    positions = positions.to(torch.int64).contiguous()
+    _lib.rotary_embedding(positions.data_ptr(), query.data_ptr(), key.data_ptr(), cos_cache.data_ptr(),
+                          sin_cache.data_ptr(), num_tokens, num_heads, num_kv_heads, head_size,
+                          query.stride(0), key.stride(0))
+
+
+def paged_attention_decode(output: torch.Tensor, query: torch.Tensor, key_cache: torch.Tensor,
+                           value_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
+                           token_index: torch.Tensor, req_index: torch.Tensor, max_seq_len: int, scale: float) -> None:
+    """Single-token decodes read straight from the paged cache through block_table (no gather).
+
+    output/query [num_tokens, num_heads, head_size]; key/value_cache [num_blocks, block_size, num_kv_heads,
+    head_size] contiguous; block_table [num_reqs, max_blocks] int32; seq_lens [num_reqs] int32;
+    token_index [n] int64 (packed row of each decode), req_index [n] int64 (its request row).
+    """
+    num_heads, head_size = query.shape[1:]
+    num_blocks, block_size, num_kv_heads, _ = key_cache.shape
+    if num_heads % num_kv_heads or num_heads // num_kv_heads > 64:
+        raise ValueError(f"unsupported head layout: {num_heads} query heads over {num_kv_heads} KV heads")
+    if not (key_cache.is_contiguous() and value_cache.is_contiguous() and block_table.stride(1) == 1):
+        raise ValueError("paged_attention_decode needs contiguous caches and block_table rows")
+    for t in (query, output):
+        if t.stride(2) != 1 or t.stride(1) != head_size:
+            raise ValueError(f"paged_attention_decode needs contiguous heads, got strides {t.stride()}")
+    block_table, seq_lens = block_table.to(torch.int32), seq_lens.to(torch.int32).contiguous()
+    token_index, req_index = token_index.to(torch.int64).contiguous(), req_index.to(torch.int64).contiguous()
+    _lib.paged_attention_decode(output.data_ptr(), query.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(),
+                                block_table.data_ptr(), seq_lens.data_ptr(), token_index.data_ptr(),
+                                req_index.data_ptr(), token_index.numel(), num_heads, num_kv_heads, head_size,
+                                block_size, block_table.stride(0), query.stride(0), output.stride(0), max_seq_len,
+                                scale)
+
+
+def pack_linear_weight(weight: torch.Tensor) -> torch.Tensor:
+    """W [n, k] -> panels [cdiv(n, 32), k, 32] (columns past n zero), the layout linear_small_batch streams."""
+    n, k = weight.shape
+    weight = weight.detach().contiguous()
+    packed = torch.empty(-(-n // PANEL), k, PANEL, dtype=weight.dtype)
+    _lib.pack_linear_weight(packed.data_ptr(), weight.data_ptr(), n, k)
+    return packed
+
+
+def linear_small_batch(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, n: int) -> torch.Tensor:
+    """x [m, k] (rows may be strided) @ W^T + bias -> [m, n], W given as pack_linear_weight's panels."""
+    k = packed.shape[1]
+    x_stride = _rows(x, k)
+    out = torch.empty(x.shape[0], n, dtype=x.dtype)
+    _lib.linear_small_batch(out.data_ptr(), x.data_ptr(), packed.data_ptr(),
+                            None if bias is None else bias.data_ptr(), x.shape[0], n, k, x_stride)
+    return out

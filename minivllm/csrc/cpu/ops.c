@@ -1,0 +1,341 @@
+/* minivllm's compiled CPU ops: the counterpart of vLLM's csrc/cpu/ (layernorm, activation,
+ * pos_encoding, paged attention), built on first use by minivllm/_C.py and called through ctypes.
+ *
+ * Plain C11 + OpenMP, float32 only. Every function takes raw pointers, sizes and row strides
+ * (in elements); the Python wrappers check dtypes and shapes. Nothing here knows of requests.
+ *
+ * Numerics: the file is compiled with -ffp-contract=off (and -fno-trapping-math, without which gcc
+ * will not vectorize floorf), so `a * b + c` rounds twice exactly
+ * as torch's separate elementwise kernels do; fmaf() is written out where a fused multiply-add is
+ * wanted (dot products, the exp polynomial). Left out: bf16/fp16, quantized caches, ALiBi,
+ * sliding windows, soft-capping.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifndef MINIVLLM_NO_OPENMP
+#include <omp.h>
+#endif
+
+/* e^x in float32 to about 1 ulp, written so that gcc vectorizes it inside `omp simd` loops:
+ * x = n ln2 + r with |r| <= ln2 / 2 (ln2 split in two for an exact product), e^r by a degree-6
+ * polynomial, 2^n put straight into the exponent bits. Inputs are clamped to [-87.3, 88.7]. */
+static inline __attribute__((always_inline)) float exp_f32(float x) {
+    x = x < -87.3f ? -87.3f : x > 88.7f ? 88.7f : x;  /* not fminf/fmaxf: those stay scalar libm calls */
+    float n = floorf(fmaf(x, 1.44269504088896341f, 0.5f));
+    float r = fmaf(n, -0.693359375f, x);
+    r = fmaf(n, 2.12194440e-4f, r);
+    float p = 1.9875691500e-4f;
+    p = fmaf(p, r, 1.3981999507e-3f);
+    p = fmaf(p, r, 8.3334519073e-3f);
+    p = fmaf(p, r, 4.1665795894e-2f);
+    p = fmaf(p, r, 1.6666665459e-1f);
+    p = fmaf(p, r, 5.0000001201e-1f);
+    p = fmaf(p, r * r, r) + 1.0f;
+    int32_t bits = ((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);  /* folded by the compiler into a register move */
+    return p * scale;
+}
+
+/* ---- layernorm.cpp: RMSNorm, plain and with the residual add fused in ---------------------- */
+
+static void rms_norm_row(float *out, const float *x, const float *weight, int64_t hidden, float eps) {
+    double sum = 0.0;  /* mean of squares accumulated in double: exact enough to be order-independent */
+    for (int64_t i = 0; i < hidden; i++) sum += (double)x[i] * (double)x[i];
+    float variance = (float)(sum / (double)hidden);
+    float inv = 1.0f / sqrtf(variance + eps);
+#pragma omp simd
+    for (int64_t i = 0; i < hidden; i++) out[i] = weight[i] * (x[i] * inv);  /* HF: weight * (x * rsqrt) */
+}
+
+/* out[t] = rms_norm(x[t]) * weight; x rows `x_stride` apart, out contiguous [num_tokens, hidden]. */
+void rms_norm(float *out, const float *x, const float *weight, int64_t num_tokens, int64_t hidden,
+              int64_t x_stride, float eps) {
+#pragma omp parallel for schedule(static) if (num_tokens > 1)
+    for (int64_t t = 0; t < num_tokens; t++) rms_norm_row(out + t * hidden, x + t * x_stride, weight, hidden, eps);
+}
+
+/* In place, both contiguous [num_tokens, hidden]: residual = x + residual; x = rms_norm(residual) * weight. */
+void fused_add_rms_norm(float *x, float *residual, const float *weight, int64_t num_tokens, int64_t hidden,
+                        float eps) {
+#pragma omp parallel for schedule(static) if (num_tokens > 1)
+    for (int64_t t = 0; t < num_tokens; t++) {
+        float *xr = x + t * hidden, *rr = residual + t * hidden;
+#pragma omp simd
+        for (int64_t i = 0; i < hidden; i++) rr[i] = rr[i] + xr[i];
+        rms_norm_row(xr, rr, weight, hidden, eps);
+    }
+}
+
+/* ---- activation.cpp: SiluAndMul ------------------------------------------------------------ */
+
+/* out [num_tokens, d] = silu(x[:, :d]) * x[:, d:], x contiguous [num_tokens, 2d]; silu(g) = g / (1 + e^-g). */
+void silu_and_mul(float *out, const float *x, int64_t num_tokens, int64_t d) {
+#pragma omp parallel for schedule(static) if (num_tokens > 1)
+    for (int64_t t = 0; t < num_tokens; t++) {
+        const float *gate = x + t * 2 * d, *up = gate + d;
+        float *o = out + t * d;
+#pragma omp simd
+        for (int64_t i = 0; i < d; i++) o[i] = gate[i] / (1.0f + exp_f32(-gate[i])) * up[i];
+    }
+}
+
+/* ---- pos_encoding.cpp: neox-style rotary embedding, in place ------------------------------- */
+
+/* For token t at positions[t], every head of q and k (rows q_stride / k_stride apart, heads
+ * contiguous) becomes x * cos + rotate_half(x) * sin, with cos/sin rows [max_position, head_size]. */
+void rotary_embedding(const int64_t *positions, float *q, float *k, const float *cos_cache, const float *sin_cache,
+                      int64_t num_tokens, int64_t num_heads, int64_t num_kv_heads, int64_t head_size,
+                      int64_t q_stride, int64_t k_stride) {
+    int64_t half = head_size / 2;
+#pragma omp parallel for schedule(static) if (num_tokens > 1)
+    for (int64_t t = 0; t < num_tokens; t++) {
+        const float *c = cos_cache + positions[t] * head_size, *s = sin_cache + positions[t] * head_size;
+        for (int64_t h = 0; h < num_heads + num_kv_heads; h++) {
+            float *x = h < num_heads ? q + t * q_stride + h * head_size : k + t * k_stride + (h - num_heads) * head_size;
+#pragma omp simd
+            for (int64_t i = 0; i < half; i++) {
+                float x1 = x[i], x2 = x[i + half];
+                x[i] = x1 * c[i] - x2 * s[i];
+                x[i + half] = x2 * c[i + half] + x1 * s[i + half];
+            }
+        }
+    }
+}
+
+/* ---- cpu_attn: paged attention for single-token decodes ------------------------------------ */
+
+/* Design: one work item = (decode, KV head, a group of up to 4 of the query heads that share that
+ * KV head). Every K and V row of the request's history is read once per item, straight from the
+ * paged cache, in three passes over its block_table: scores q.k (history position p lives in
+ * physical block block_table[p / block_size], row p % block_size), then the softmax, then the
+ * p-weighted sum of V. No history is copied out of the cache first, which is what the PyTorch path
+ * pays for. With AVX-512 and head_size a multiple of 16 the group's queries and outputs stay in
+ * registers; otherwise a plain loop nest computes the same thing.
+ *
+ *   query/out  [num_tokens, num_heads, head_size] rows q_stride / out_stride apart
+ *   key_cache, value_cache  [num_blocks, block_size, num_kv_heads, head_size], contiguous
+ *   token_index[i]   the packed row of decode i;   req_index[i]  its row in block_table / seq_lens
+ */
+#define GROUP 4
+
+typedef struct {
+    const float *key_cache, *value_cache;
+    const int32_t *blocks;  /* this request's block_table row */
+    int64_t seq_len, block_size, row, head_offset, head_size;
+} History;
+
+static inline const float *history_row(const float *cache, const History *h, int64_t p) {
+    return cache + ((int64_t)h->blocks[p / h->block_size] * h->block_size + p % h->block_size) * h->row + h->head_offset;
+}
+
+/* Softmax of each head's scores in place; returns nothing, leaves 1 / sum in inv[g]. */
+static void softmax_rows(float *scores, const float *maxs, float *inv, int heads, int64_t seq_len) {
+    for (int g = 0; g < heads; g++) {
+        float *sg = scores + g * seq_len, m = maxs[g], total = 0.0f;
+#pragma omp simd reduction(+ : total)
+        for (int64_t p = 0; p < seq_len; p++) {
+            sg[p] = exp_f32(sg[p] - m);
+            total += sg[p];
+        }
+        inv[g] = 1.0f / total;
+    }
+}
+
+static void attend_generic(float *out, int64_t out_head_stride, const float *q, const History *h, int heads,
+                           float scale, float *scores, float *acc) {
+    int64_t hs = h->head_size;
+    float maxs[GROUP], inv[GROUP];
+    for (int g = 0; g < heads; g++) maxs[g] = -INFINITY;
+    for (int64_t p = 0; p < h->seq_len; p++) {
+        const float *kr = history_row(h->key_cache, h, p);
+        for (int g = 0; g < heads; g++) {
+            float dot = 0.0f;
+            for (int64_t d = 0; d < hs; d++) dot = fmaf(q[g * hs + d], kr[d], dot);
+            scores[g * h->seq_len + p] = dot * scale;
+            maxs[g] = fmaxf(maxs[g], dot * scale);
+        }
+    }
+    softmax_rows(scores, maxs, inv, heads, h->seq_len);
+    memset(acc, 0, sizeof(float) * heads * hs);
+    for (int64_t p = 0; p < h->seq_len; p++) {
+        const float *vr = history_row(h->value_cache, h, p);
+        for (int g = 0; g < heads; g++)
+            for (int64_t d = 0; d < hs; d++) acc[g * hs + d] = fmaf(scores[g * h->seq_len + p], vr[d], acc[g * hs + d]);
+    }
+    for (int g = 0; g < heads; g++)
+        for (int64_t d = 0; d < hs; d++) out[g * out_head_stride + d] = acc[g * hs + d] * inv[g];
+}
+
+#ifdef __AVX512F__
+#include <immintrin.h>
+#define MAX_VECS 16 /* head_size <= 256 */
+
+/* The same computation with head_size = 16 * nv; nv and heads are constants after inlining. */
+static inline __attribute__((always_inline)) void attend_avx512(float *out, int64_t out_head_stride, const float *q,
+                                                                const History *h, int heads, int nv, float scale,
+                                                                float *scores) {
+    __m512 qv[GROUP][MAX_VECS], acc[GROUP][MAX_VECS];
+    float maxs[GROUP], inv[GROUP];
+    for (int g = 0; g < heads; g++) {
+        maxs[g] = -INFINITY;
+        for (int j = 0; j < nv; j++) qv[g][j] = _mm512_mul_ps(_mm512_loadu_ps(q + g * 16 * nv + 16 * j),
+                                                              _mm512_set1_ps(scale));
+    }
+    for (int64_t p = 0; p < h->seq_len; p++) {  /* pass 1: scores (the scale is folded into q) */
+        const float *kr = history_row(h->key_cache, h, p);
+        __m512 kv[MAX_VECS];
+        for (int j = 0; j < nv; j++) kv[j] = _mm512_loadu_ps(kr + 16 * j);
+        for (int g = 0; g < heads; g++) {
+            __m512 dot = _mm512_mul_ps(qv[g][0], kv[0]);
+            for (int j = 1; j < nv; j++) dot = _mm512_fmadd_ps(qv[g][j], kv[j], dot);
+            float sc = _mm512_reduce_add_ps(dot);
+            scores[g * h->seq_len + p] = sc;
+            maxs[g] = sc > maxs[g] ? sc : maxs[g];
+        }
+    }
+    softmax_rows(scores, maxs, inv, heads, h->seq_len);  /* pass 2 */
+    for (int g = 0; g < heads; g++)
+        for (int j = 0; j < nv; j++) acc[g][j] = _mm512_setzero_ps();
+    for (int64_t p = 0; p < h->seq_len; p++) {  /* pass 3: weighted sum of V */
+        const float *vr = history_row(h->value_cache, h, p);
+        __m512 vv[MAX_VECS];
+        for (int j = 0; j < nv; j++) vv[j] = _mm512_loadu_ps(vr + 16 * j);
+        for (int g = 0; g < heads; g++) {
+            __m512 w = _mm512_set1_ps(scores[g * h->seq_len + p]);
+            for (int j = 0; j < nv; j++) acc[g][j] = _mm512_fmadd_ps(w, vv[j], acc[g][j]);
+        }
+    }
+    for (int g = 0; g < heads; g++)
+        for (int j = 0; j < nv; j++)
+            _mm512_storeu_ps(out + g * out_head_stride + 16 * j, _mm512_mul_ps(acc[g][j], _mm512_set1_ps(inv[g])));
+}
+#endif
+
+void paged_attention_decode(float *out, const float *query, const float *key_cache, const float *value_cache,
+                            const int32_t *block_table, const int32_t *seq_lens, const int64_t *token_index,
+                            const int64_t *req_index, int64_t num_decodes, int64_t num_heads, int64_t num_kv_heads,
+                            int64_t head_size, int64_t block_size, int64_t block_table_stride, int64_t q_stride,
+                            int64_t out_stride, int64_t max_seq_len, float scale) {
+    int64_t qpk = num_heads / num_kv_heads, groups = (qpk + GROUP - 1) / GROUP;
+#pragma omp parallel
+    {
+        float *scores = malloc(sizeof(float) * GROUP * (max_seq_len > 0 ? max_seq_len : 1));
+        float *acc = malloc(sizeof(float) * GROUP * head_size);
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t item = 0; item < num_decodes * num_kv_heads * groups; item++) {
+            int64_t i = item / (num_kv_heads * groups), kvh = item / groups % num_kv_heads, first = item % groups * GROUP;
+            int heads = (int)(qpk - first < GROUP ? qpk - first : GROUP);
+            History h = {key_cache, value_cache, block_table + req_index[i] * block_table_stride,
+                         seq_lens[req_index[i]], block_size, num_kv_heads * head_size, kvh * head_size, head_size};
+            int64_t head = kvh * qpk + first;
+            const float *q = query + token_index[i] * q_stride + head * head_size;
+            float *o = out + token_index[i] * out_stride + head * head_size;
+#ifdef __AVX512F__
+            if (head_size % 16 == 0 && head_size <= 16 * MAX_VECS) {
+                int nv = (int)(head_size / 16);
+#define CASE(H, NV) case (H - 1) * MAX_VECS + NV - 1: attend_avx512(o, head_size, q, &h, H, NV, scale, scores); break;
+                switch ((heads - 1) * MAX_VECS + nv - 1) {  /* constant shapes for the common head sizes */
+                    CASE(1, 4) CASE(2, 4) CASE(3, 4) CASE(4, 4) CASE(1, 8) CASE(2, 8) CASE(3, 8) CASE(4, 8)
+                    default: attend_avx512(o, head_size, q, &h, heads, nv, scale, scores);
+                }
+#undef CASE
+                continue;
+            }
+#endif
+            attend_generic(o, head_size, q, &h, heads, scale, scores, acc);
+        }
+        free(scores);
+        free(acc);
+    }
+}
+
+/* ---- small-batch linear: out [m, n] = x [m, k] @ W^T + bias, for decode-sized m ------------- */
+
+/* Design: a decode step multiplies a few dozen rows by every weight of the model, so its GEMMs
+ * are bound by streaming the weights, and a library GEMM tuned for big m leaves bandwidth unused.
+ * W [n, k] is repacked once into panels of 32 output columns, [cdiv(n, 32)][k][32], so one panel
+ * is read front to back as a single stream. For each panel, rows of x are taken 8 at a time: 8 x 32
+ * accumulators live in registers while k runs, each step loading 32 weights once and broadcasting
+ * one x value per row. Threads split the panels; a panel re-read for the next 8 rows hits the cache. */
+#define PANEL 32
+#define ROWS 8
+
+void pack_linear_weight(float *packed, const float *weight, int64_t n, int64_t k) {
+    int64_t panels = (n + PANEL - 1) / PANEL;
+#pragma omp parallel for schedule(static)
+    for (int64_t p = 0; p < panels; p++)
+        for (int64_t kk = 0; kk < k; kk++)
+            for (int64_t j = 0; j < PANEL; j++) {
+                int64_t col = p * PANEL + j;
+                packed[(p * k + kk) * PANEL + j] = col < n ? weight[col * k + kk] : 0.0f;
+            }
+}
+
+#ifdef __AVX512F__
+#include <immintrin.h>
+
+static inline __attribute__((always_inline)) void linear_tile(float *out, int64_t out_stride, const float *x,
+                                                               int64_t x_stride, const float *panel, int64_t k,
+                                                               const float *bias, int64_t cols, int rows) {
+    __m512 acc[ROWS][2];
+    for (int r = 0; r < rows; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    for (int64_t kk = 0; kk < k; kk++) {
+        __m512 w0 = _mm512_loadu_ps(panel + kk * PANEL), w1 = _mm512_loadu_ps(panel + kk * PANEL + 16);
+        for (int r = 0; r < rows; r++) {
+            __m512 xv = _mm512_set1_ps(x[r * x_stride + kk]);
+            acc[r][0] = _mm512_fmadd_ps(xv, w0, acc[r][0]);
+            acc[r][1] = _mm512_fmadd_ps(xv, w1, acc[r][1]);
+        }
+    }
+    __mmask16 m0 = cols >= 16 ? 0xFFFF : (__mmask16)((1u << cols) - 1);
+    __mmask16 m1 = cols >= 32 ? 0xFFFF : cols <= 16 ? 0 : (__mmask16)((1u << (cols - 16)) - 1);
+    __m512 b0 = bias ? _mm512_maskz_loadu_ps(m0, bias) : _mm512_setzero_ps();
+    __m512 b1 = bias ? _mm512_maskz_loadu_ps(m1, bias + 16) : _mm512_setzero_ps();
+    for (int r = 0; r < rows; r++) {
+        _mm512_mask_storeu_ps(out + r * out_stride, m0, _mm512_add_ps(acc[r][0], b0));
+        _mm512_mask_storeu_ps(out + r * out_stride + 16, m1, _mm512_add_ps(acc[r][1], b1));
+    }
+}
+#else
+static inline __attribute__((always_inline)) void linear_tile(float *out, int64_t out_stride, const float *x,
+                                                               int64_t x_stride, const float *panel, int64_t k,
+                                                               const float *bias, int64_t cols, int rows) {
+    float acc[ROWS][PANEL] = {{0}};
+    for (int64_t kk = 0; kk < k; kk++)
+        for (int r = 0; r < rows; r++) {
+            float xv = x[r * x_stride + kk];
+#pragma omp simd
+            for (int j = 0; j < PANEL; j++) acc[r][j] = fmaf(xv, panel[kk * PANEL + j], acc[r][j]);
+        }
+    for (int r = 0; r < rows; r++)
+        for (int64_t j = 0; j < cols; j++) out[r * out_stride + j] = acc[r][j] + (bias ? bias[j] : 0.0f);
+}
+#endif
+
+void linear_small_batch(float *out, const float *x, const float *packed, const float *bias, int64_t m, int64_t n,
+                        int64_t k, int64_t x_stride) {
+    int64_t panels = (n + PANEL - 1) / PANEL;
+#pragma omp parallel for schedule(static)
+    for (int64_t p = 0; p < panels; p++) {
+        const float *panel = packed + p * k * PANEL, *b = bias ? bias + p * PANEL : NULL;
+        int64_t cols = n - p * PANEL < PANEL ? n - p * PANEL : PANEL;
+        for (int64_t r0 = 0; r0 < m; r0 += ROWS) {
+            float *o = out + r0 * n + p * PANEL;
+            const float *xr = x + r0 * x_stride;
+            switch (m - r0 < ROWS ? m - r0 : ROWS) {  /* constant row counts let the tile stay in registers */
+                case 1: linear_tile(o, n, xr, x_stride, panel, k, b, cols, 1); break;
+                case 2: linear_tile(o, n, xr, x_stride, panel, k, b, cols, 2); break;
+                case 3: linear_tile(o, n, xr, x_stride, panel, k, b, cols, 3); break;
+                case 4: linear_tile(o, n, xr, x_stride, panel, k, b, cols, 4); break;
+                case 5: linear_tile(o, n, xr, x_stride, panel, k, b, cols, 5); break;
+                case 6: linear_tile(o, n, xr, x_stride, panel, k, b, cols, 6); break;
+                case 7: linear_tile(o, n, xr, x_stride, panel, k, b, cols, 7); break;
+                default: linear_tile(o, n, xr, x_stride, panel, k, b, cols, 8); break;
+            }
+        }
+    }
+}

@@ -1,0 +1,130 @@
+"""The compiled CPU ops (minivllm/_C.py, csrc/cpu/ops.c) against PyTorch references, op by op.
+
+Each op is run on shapes that reach its special cases (strided rows, tails of a panel or a row
+tile, grouped query heads, head sizes with and without the vector path) and compared with the
+plain PyTorch formula it replaces; decode attention is compared with a float64 gather + softmax.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from minivllm import _C
+from minivllm.attention.backends.torch_attn import gather_history
+from minivllm.models.layers import RotaryEmbedding, _rotate_half
+
+
+@pytest.fixture(scope="module", autouse=True)
+def compiled_ops():
+    assert _C.available(), "the CPU ops did not build; see the warning logged by minivllm._C"
+
+
+def test_rms_norm_matches_the_hf_formula_on_strided_rows():
+    torch.manual_seed(0)
+    x = torch.randn(37, 900)[:, :576] * 3  # rows 900 floats apart
+    w = torch.randn(576)
+    ref = w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5))
+    torch.testing.assert_close(_C.rms_norm(x, w, 1e-5), ref, rtol=1e-6, atol=1e-6)
+
+
+def test_fused_add_rms_norm_adds_the_residual_then_normalises_in_place():
+    torch.manual_seed(0)
+    x, residual, w = torch.randn(5, 64), torch.randn(5, 64), torch.randn(64)
+    total = x + residual
+    _C.fused_add_rms_norm(x, residual, w, 1e-6)
+    assert torch.equal(residual, total)  # the add itself is exact: one float32 add per element
+    torch.testing.assert_close(x, w * (total * torch.rsqrt(total.pow(2).mean(-1, keepdim=True) + 1e-6)),
+                               rtol=1e-6, atol=1e-6)
+
+
+def test_silu_and_mul_matches_torch_including_extreme_gates():
+    torch.manual_seed(0)
+    x = torch.randn(9, 2 * 300) * 8
+    x[0, :300] = torch.linspace(-120, 120, 300)  # past exp's clamp on both sides
+    gate, up = x.chunk(2, dim=-1)
+    torch.testing.assert_close(_C.silu_and_mul(x), F.silu(gate) * up, rtol=2e-6, atol=1e-6)
+
+
+def test_rotary_embedding_in_place_on_views_of_qkv_equals_the_torch_formula():
+    torch.manual_seed(0)
+    rope = RotaryEmbedding(64, 512, {"rope_theta": 10000.0})
+    qkv = torch.randn(23, 9 * 64 + 2 * 3 * 64)
+    positions = torch.randint(0, 512, (23,))
+    q, k = qkv[:, :576].view(23, 9, 64), qkv[:, 576:768].view(23, 3, 64)  # strided, as the model has them
+    cos, sin = rope.cos_cache[positions].unsqueeze(1), rope.sin_cache[positions].unsqueeze(1)
+    want_q, want_k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+    v_before = qkv[:, 768:].clone()
+    _C.rotary_embedding(positions, q, k, rope.cos_cache, rope.sin_cache)
+    assert torch.equal(q, want_q) and torch.equal(k, want_k)  # same multiplies and adds, same rounding
+    assert torch.equal(qkv[:, 768:], v_before)  # V, beside them in the same rows, untouched
+
+
+@pytest.mark.parametrize("m", [1, 3, 8, 9, 17, 33])
+@pytest.mark.parametrize("n,k,bias", [(70, 40, True), (96, 576, False), (32, 1536, True)])
+def test_linear_small_batch_matches_a_matmul(m, n, k, bias):
+    torch.manual_seed(m * n)
+    weight = torch.randn(n, k) / k**0.5
+    b = torch.randn(n) if bias else None
+    x = torch.randn(m, k + 5)[:, :k]  # strided rows
+    out = _C.linear_small_batch(x, _C.pack_linear_weight(weight), b, n)
+    torch.testing.assert_close(out, F.linear(x, weight, b), rtol=1e-5, atol=1e-5)
+
+
+def reference_decode(query, key_cache, value_cache, block_table, seq_lens, scale):
+    """Per decode: gather the history through block_table, softmax(q k^T * scale) v in float64."""
+    num_heads, kv_heads = query.shape[1], key_cache.shape[2]
+    out = torch.empty_like(query)
+    for i in range(query.shape[0]):
+        k = gather_history(key_cache, block_table[i], int(seq_lens[i])).double()  # [L, kv_heads, D]
+        v = gather_history(value_cache, block_table[i], int(seq_lens[i])).double()
+        k, v = (t.repeat_interleave(num_heads // kv_heads, dim=1) for t in (k, v))  # [L, num_heads, D]
+        p = torch.softmax(torch.einsum("hd,lhd->hl", query[i].double(), k) * scale, dim=-1)
+        out[i] = torch.einsum("hl,lhd->hd", p, v).float()
+    return out
+
+
+@pytest.mark.parametrize("num_heads,kv_heads,head_size,block_size", [
+    (9, 3, 64, 16),  # SmolLM2: three query heads per KV head
+    (4, 4, 32, 8),  # no grouping
+    (16, 1, 80, 16),  # 16 query heads on one KV head: four groups of four
+    (6, 2, 72, 32),  # a head size the vector path does not take
+    (8, 2, 128, 16),
+])
+def test_paged_attention_decode_reads_history_through_the_block_table(num_heads, kv_heads, head_size, block_size):
+    torch.manual_seed(head_size)
+    num_blocks, num_reqs = 64, 6
+    key_cache = torch.randn(num_blocks, block_size, kv_heads, head_size)
+    value_cache = torch.randn(num_blocks, block_size, kv_heads, head_size)
+    seq_lens = torch.tensor([1, block_size, block_size + 1, 3 * block_size - 1, 5, 4 * block_size], dtype=torch.int32)
+    # every request owns distinct, scattered physical blocks (block 0 is the null block)
+    owners = torch.randperm(num_blocks - 1)[:num_reqs * 4].view(num_reqs, 4) + 1
+    block_table = owners.to(torch.int32)
+    query = torch.randn(num_reqs, num_heads, head_size)
+    want = reference_decode(query, key_cache, value_cache, block_table, seq_lens, head_size**-0.5)
+    # decodes sit at scattered rows of a bigger packed batch, in a different order from their requests
+    packed = torch.full((10, num_heads, head_size), float("nan"))
+    token_index, req_index = torch.tensor([7, 0, 3, 9, 1, 5]), torch.tensor([2, 0, 5, 1, 4, 3])
+    packed[token_index] = query[req_index]
+    out = torch.full_like(packed, float("nan"))
+    _C.paged_attention_decode(out, packed, key_cache, value_cache, block_table, seq_lens, token_index, req_index,
+                              int(seq_lens.max()), head_size**-0.5)
+    torch.testing.assert_close(out[token_index], want[req_index], rtol=1e-5, atol=1e-5)
+    untouched = torch.ones(10, dtype=torch.bool)
+    untouched[token_index] = False
+    assert out[untouched].isnan().all()  # rows that are not decodes are left alone
+
+
+def test_the_library_is_cached_and_keyed_by_its_source(tmp_path, monkeypatch):
+    monkeypatch.setenv("MINIVLLM_CACHE_DIR", str(tmp_path))
+    path = _C.library_path()
+    assert path.parent == tmp_path / "ops" and not path.exists()
+    _C.build(path)
+    assert path.exists() and list(path.parent.iterdir()) == [path]  # no half-written temporaries left
+
+
+def test_switched_off_by_environment(monkeypatch):
+    monkeypatch.setenv("MINIVLLM_CPU_KERNELS", "0")
+    monkeypatch.setattr(_C, "_lib", None)
+    monkeypatch.setattr(_C, "_tried", False)
+    assert not _C.available() and not _C.usable(torch.zeros(1))
