@@ -35,7 +35,8 @@ SIGNATURES = {
     "fused_add_rms_norm": [_P, _P, _P, _I, _I, _F],
     "silu_and_mul": [_P, _P, _I, _I],
     "rotary_embedding": [_P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I],
-    "paged_attention_decode": [_P] * 9 + [_I] * 8 + [_F],
+    "paged_attention": [_P] * 8 + [_I] * 9 + [_F],
+    "reshape_and_cache": [_P] * 5 + [_I] * 4,
     "pack_linear_weight": [_P, _P, _I, _I],
     "linear_small_batch": [_P, _P, _P, _P, _I, _I, _I, _I],
 }
@@ -106,6 +107,11 @@ def usable(*tensors: torch.Tensor) -> bool:
     return all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors) and available()
 
 
+def heads_contiguous(*tensors: torch.Tensor) -> bool:
+    """[num_tokens, heads, head_size] views whose heads sit back to back within each token (tokens at any stride)."""
+    return all(t.dim() == 3 and t.stride(2) == 1 and t.stride(1) == t.shape[2] for t in tensors)
+
+
 def _rows(x: torch.Tensor, width: int) -> int:
     """Row stride of a 2-D float32 view whose rows are each contiguous."""
     if x.dim() != 2 or x.shape[1] != width or (x.shape[0] > 1 and x.stride(1) != 1):
@@ -152,31 +158,45 @@ def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: torch.Te
                           query.stride(0), key.stride(0))
 
 
-def paged_attention_decode(output: torch.Tensor, query: torch.Tensor, key_cache: torch.Tensor,
-                           value_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
-                           token_index: torch.Tensor, req_index: torch.Tensor, max_seq_len: int, scale: float) -> None:
-    """Single-token decodes read straight from the paged cache through block_table (no gather).
+def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                      slot_mapping: torch.Tensor) -> None:
+    """key/value [num_tokens, num_kv_heads, head_size] (each token's heads contiguous, tokens at any stride)
+    -> slot slot_mapping[t] of key/value_cache [num_blocks, block_size, num_kv_heads, head_size]; -1 skipped."""
+    num_tokens, num_kv_heads, head_size = key.shape
+    row = num_kv_heads * head_size
+    for t in (key, value):
+        if t.stride(2) != 1 or t.stride(1) != head_size:
+            raise ValueError(f"reshape_and_cache needs each token's heads contiguous, got strides {t.stride()}")
+    if not (key_cache.is_contiguous() and value_cache.is_contiguous()):
+        raise ValueError("reshape_and_cache needs contiguous caches")
+    slot_mapping = slot_mapping.to(torch.int64).contiguous()
+    _lib.reshape_and_cache(key.data_ptr(), value.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(),
+                           slot_mapping.data_ptr(), num_tokens, row, key.stride(0), value.stride(0))
+
+
+def paged_attention(output: torch.Tensor, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                    block_table: torch.Tensor, token_index: torch.Tensor, req_index: torch.Tensor,
+                    kv_lens: torch.Tensor, max_kv_len: int, scale: float) -> None:
+    """Causal attention for any query tokens, each reading its history straight from the paged cache.
 
     output/query [num_tokens, num_heads, head_size]; key/value_cache [num_blocks, block_size, num_kv_heads,
-    head_size] contiguous; block_table [num_reqs, max_blocks] int32; seq_lens [num_reqs] int32;
-    token_index [n] int64 (packed row of each decode), req_index [n] int64 (its request row).
+    head_size] contiguous; block_table [num_reqs, max_blocks] int32. Query i is packed row token_index[i]
+    of request row req_index[i] and sees that request's first kv_lens[i] positions (its position + 1).
     """
     num_heads, head_size = query.shape[1:]
     num_blocks, block_size, num_kv_heads, _ = key_cache.shape
-    if num_heads % num_kv_heads or num_heads // num_kv_heads > 64:
-        raise ValueError(f"unsupported head layout: {num_heads} query heads over {num_kv_heads} KV heads")
+    if num_heads % num_kv_heads:
+        raise ValueError(f"{num_heads} query heads do not split evenly over {num_kv_heads} KV heads")
     if not (key_cache.is_contiguous() and value_cache.is_contiguous() and block_table.stride(1) == 1):
-        raise ValueError("paged_attention_decode needs contiguous caches and block_table rows")
-    for t in (query, output):
-        if t.stride(2) != 1 or t.stride(1) != head_size:
-            raise ValueError(f"paged_attention_decode needs contiguous heads, got strides {t.stride()}")
-    block_table, seq_lens = block_table.to(torch.int32), seq_lens.to(torch.int32).contiguous()
+        raise ValueError("paged_attention needs contiguous caches and block_table rows")
+    if not heads_contiguous(query, output):
+        raise ValueError(f"paged_attention needs contiguous heads, got strides {query.stride()}, {output.stride()}")
+    block_table, kv_lens = block_table.to(torch.int32), kv_lens.to(torch.int32).contiguous()
     token_index, req_index = token_index.to(torch.int64).contiguous(), req_index.to(torch.int64).contiguous()
-    _lib.paged_attention_decode(output.data_ptr(), query.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(),
-                                block_table.data_ptr(), seq_lens.data_ptr(), token_index.data_ptr(),
-                                req_index.data_ptr(), token_index.numel(), num_heads, num_kv_heads, head_size,
-                                block_size, block_table.stride(0), query.stride(0), output.stride(0), max_seq_len,
-                                scale)
+    _lib.paged_attention(output.data_ptr(), query.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(),
+                         block_table.data_ptr(), token_index.data_ptr(), req_index.data_ptr(), kv_lens.data_ptr(),
+                         token_index.numel(), num_heads, num_kv_heads, head_size, block_size, block_table.stride(0),
+                         query.stride(0), output.stride(0), max_kv_len, scale)
 
 
 def pack_linear_weight(weight: torch.Tensor) -> torch.Tensor:

@@ -71,13 +71,13 @@ def test_linear_small_batch_matches_a_matmul(m, n, k, bias):
     torch.testing.assert_close(out, F.linear(x, weight, b), rtol=1e-5, atol=1e-5)
 
 
-def reference_decode(query, key_cache, value_cache, block_table, seq_lens, scale):
-    """Per decode: gather the history through block_table, softmax(q k^T * scale) v in float64."""
+def reference_attention(query, key_cache, value_cache, block_table, kv_lens, scale):
+    """Per query row: gather the first kv_lens[i] positions through block_table, softmax(q k^T * scale) v, float64."""
     num_heads, kv_heads = query.shape[1], key_cache.shape[2]
     out = torch.empty_like(query)
     for i in range(query.shape[0]):
-        k = gather_history(key_cache, block_table[i], int(seq_lens[i])).double()  # [L, kv_heads, D]
-        v = gather_history(value_cache, block_table[i], int(seq_lens[i])).double()
+        k = gather_history(key_cache, block_table[i], int(kv_lens[i])).double()  # [L, kv_heads, D]
+        v = gather_history(value_cache, block_table[i], int(kv_lens[i])).double()
         k, v = (t.repeat_interleave(num_heads // kv_heads, dim=1) for t in (k, v))  # [L, num_heads, D]
         p = torch.softmax(torch.einsum("hd,lhd->hl", query[i].double(), k) * scale, dim=-1)
         out[i] = torch.einsum("hl,lhd->hd", p, v).float()
@@ -91,28 +91,41 @@ def reference_decode(query, key_cache, value_cache, block_table, seq_lens, scale
     (6, 2, 72, 32),  # a head size the vector path does not take
     (8, 2, 128, 16),
 ])
-def test_paged_attention_decode_reads_history_through_the_block_table(num_heads, kv_heads, head_size, block_size):
+def test_paged_attention_reads_history_through_the_block_table(num_heads, kv_heads, head_size, block_size):
     torch.manual_seed(head_size)
-    num_blocks, num_reqs = 64, 6
+    num_blocks, num_reqs = 64, 3
     key_cache = torch.randn(num_blocks, block_size, kv_heads, head_size)
     value_cache = torch.randn(num_blocks, block_size, kv_heads, head_size)
-    seq_lens = torch.tensor([1, block_size, block_size + 1, 3 * block_size - 1, 5, 4 * block_size], dtype=torch.int32)
     # every request owns distinct, scattered physical blocks (block 0 is the null block)
-    owners = torch.randperm(num_blocks - 1)[:num_reqs * 4].view(num_reqs, 4) + 1
-    block_table = owners.to(torch.int32)
-    query = torch.randn(num_reqs, num_heads, head_size)
-    want = reference_decode(query, key_cache, value_cache, block_table, seq_lens, head_size**-0.5)
-    # decodes sit at scattered rows of a bigger packed batch, in a different order from their requests
-    packed = torch.full((10, num_heads, head_size), float("nan"))
-    token_index, req_index = torch.tensor([7, 0, 3, 9, 1, 5]), torch.tensor([2, 0, 5, 1, 4, 3])
-    packed[token_index] = query[req_index]
+    block_table = (torch.randperm(num_blocks - 1)[:num_reqs * 4].view(num_reqs, 4) + 1).to(torch.int32)
+    # a step mixing a decode (request 2, 3 blocks of history), a prefill chunk with history (request 0,
+    # positions block_size-1 .. block_size+2) and a prompt's first tokens (request 1, positions 0..2)
+    req_index = torch.tensor([2, 0, 0, 0, 0, 1, 1, 1])
+    kv_lens = torch.tensor([3 * block_size + 1, block_size, block_size + 1, block_size + 2, block_size + 3, 1, 2, 3],
+                           dtype=torch.int32)
+    query = torch.randn(len(req_index), num_heads, head_size)
+    want = reference_attention(query, key_cache, value_cache, block_table[req_index], kv_lens, head_size**-0.5)
+    # the queries sit at scattered rows of a bigger packed batch
+    packed = torch.full((12, num_heads, head_size), float("nan"))
+    token_index = torch.tensor([7, 0, 3, 9, 1, 5, 11, 2])
+    packed[token_index] = query
     out = torch.full_like(packed, float("nan"))
-    _C.paged_attention_decode(out, packed, key_cache, value_cache, block_table, seq_lens, token_index, req_index,
-                              int(seq_lens.max()), head_size**-0.5)
-    torch.testing.assert_close(out[token_index], want[req_index], rtol=1e-5, atol=1e-5)
-    untouched = torch.ones(10, dtype=torch.bool)
+    _C.paged_attention(out, packed, key_cache, value_cache, block_table, token_index, req_index, kv_lens,
+                       int(kv_lens.max()), head_size**-0.5)
+    torch.testing.assert_close(out[token_index], want, rtol=1e-5, atol=1e-5)
+    untouched = torch.ones(12, dtype=torch.bool)
     untouched[token_index] = False
-    assert out[untouched].isnan().all()  # rows that are not decodes are left alone
+    assert out[untouched].isnan().all()  # rows that are not queries are left alone
+
+
+def test_plan_queries_gives_each_token_its_request_and_causal_length():
+    from minivllm.attention.backends.torch_attn import plan_queries
+    from minivllm.attention.backends.utils import AttentionMetadata
+    md = AttentionMetadata(num_actual_tokens=4, max_query_len=3, query_start_loc=torch.tensor([0, 3, 4]),
+                           max_seq_len=9, seq_lens=torch.tensor([3, 9]), block_table=torch.zeros(2, 1),
+                           slot_mapping=torch.zeros(4), query_start_loc_cpu=[0, 3, 4], seq_lens_cpu=[3, 9])
+    plan = plan_queries(md)
+    assert plan.req_index.tolist() == [0, 0, 0, 1] and plan.kv_lens.tolist() == [1, 2, 3, 9]
 
 
 def test_the_library_is_cached_and_keyed_by_its_source(tmp_path, monkeypatch):
@@ -128,3 +141,17 @@ def test_switched_off_by_environment(monkeypatch):
     monkeypatch.setattr(_C, "_lib", None)
     monkeypatch.setattr(_C, "_tried", False)
     assert not _C.available() and not _C.usable(torch.zeros(1))
+
+
+def test_reshape_and_cache_writes_each_token_to_its_slot_and_skips_padding():
+    torch.manual_seed(0)
+    qkv = torch.randn(6, 4 * 16 + 2 * 2 * 16)
+    key, value = qkv[:, 64:96].view(6, 2, 16), qkv[:, 96:].view(6, 2, 16)  # strided views, as the model has them
+    key_cache, value_cache = torch.zeros(2, 2, 5, 4, 2, 16)  # [num_blocks, block_size, kv_heads, head_size]
+    slot_mapping = torch.tensor([3, 17, -1, 0, 12, 19])  # slot = block * 4 + offset; -1 is padding
+    want_k, want_v = key_cache.clone(), value_cache.clone()
+    valid = slot_mapping >= 0
+    want_k.view(-1, 2, 16)[slot_mapping[valid]] = key[valid]
+    want_v.view(-1, 2, 16)[slot_mapping[valid]] = value[valid]
+    _C.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
+    assert torch.equal(key_cache, want_k) and torch.equal(value_cache, want_v)

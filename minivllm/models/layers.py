@@ -91,7 +91,7 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # positions [num_tokens]; q [num_tokens, num_heads, head_dim]; k [num_tokens, num_kv_heads, head_dim]
-        if _C.usable(q, k) and q.stride(-1) == 1 and k.stride(-1) == 1:
+        if _C.usable(q, k) and _C.heads_contiguous(q, k):
             _C.rotary_embedding(positions, q, k, self.cos_cache, self.sin_cache)  # in place
             return q, k
         if self._last is None or self._last[0] is not positions:  # every layer of a step shares one lookup

@@ -1,12 +1,13 @@
 """The PyTorch reference backend: write K/V by slot_mapping, read history by block_table.
 
 Plays the role of vLLM's CPU attention backend (csrc/cpu/cpu_attn_impl.hpp):
-the same two address structures, in tensor ops. Single-token decodes are
-served in groups by one batched gather + SDPA each, or, where the compiled CPU
-ops are available (minivllm/_C.py), by one kernel call that reads the paged
-cache through block_table with no gather. Each prefill chunk attends with SDPA
-over its history (gathered only if it has any). Left out: sliding windows,
-ALiBi, soft-capping, quantized caches.
+the same two address structures. In tensor ops: single-token decodes are
+served in groups by one batched gather + SDPA each, and each prefill chunk
+attends with SDPA over its history (gathered only if it has any). Where the
+compiled CPU ops are available (minivllm/_C.py), every query token of the step
+goes to one kernel call instead, which reads the paged cache through
+block_table with no gather (and writes K/V by slot_mapping). Left out: sliding
+windows, ALiBi, soft-capping, quantized caches.
 """
 from __future__ import annotations
 
@@ -41,7 +42,6 @@ def gather_blocks(cache: torch.Tensor, physical: torch.Tensor) -> torch.Tensor:
 @dataclass
 class DecodeGroup:
     tokens: torch.Tensor  # [n] row of each decode token in the packed batch
-    reqs: torch.Tensor  # [n] its request's row in block_table / seq_lens
     rows: torch.Tensor  # [n, num_blocks] their block_table rows, cut to the group's longest history
     mask: torch.Tensor  # [n, 1, 1, L] which gathered positions are real history
 
@@ -69,7 +69,6 @@ def plan_step(md: AttentionMetadata, block_size: int, group_size: int) -> tuple[
         lens = md.seq_lens[members].unsqueeze(1)  # [n, 1]
         mask = torch.arange(num_blocks * block_size, device=device).unsqueeze(0) < lens  # [n, L]
         groups.append(DecodeGroup(torch.tensor([qsl[i] for i in members], device=device),
-                                  torch.tensor(members, device=device),
                                   md.block_table[members, :num_blocks], mask[:, None, None, :]))
     chunks = []
     for i in range(md.num_reqs):
@@ -84,6 +83,29 @@ def plan_step(md: AttentionMetadata, block_size: int, group_size: int) -> tuple[
     return groups, chunks
 
 
+@dataclass
+class QueryPlan:
+    """The compiled kernel's view of a step: every query token, its request, and how many keys it sees."""
+    token_index: torch.Tensor  # [num_tokens] packed row of each query token
+    req_index: torch.Tensor  # [num_tokens] its request's row in block_table
+    kv_lens: torch.Tensor  # [num_tokens] position + 1: causal, this step's own earlier tokens included
+    max_kv_len: int
+
+
+def plan_queries(md: AttentionMetadata) -> QueryPlan:
+    """Token j of a request with query_len q and seq_len s sits at position s - q + j and sees s - q + j + 1 keys.
+
+    query_start_loc [0, 3, 4], seq_lens [3, 9] -> req_index [0, 0, 0, 1], kv_lens [1, 2, 3, 9]
+    """
+    num_tokens, device = md.num_actual_tokens, md.seq_lens.device
+    qsl = md.query_start_loc.long()
+    query_lens = qsl[1:] - qsl[:-1]  # [num_reqs]
+    req_index = torch.repeat_interleave(torch.arange(md.num_reqs, device=device), query_lens)  # [num_tokens]
+    offsets = torch.arange(num_tokens, device=device) - qsl[:-1][req_index]  # [num_tokens] j within the request
+    kv_lens = (md.seq_lens.long() - query_lens)[req_index] + offsets + 1  # [num_tokens]
+    return QueryPlan(torch.arange(num_tokens, device=device), req_index, kv_lens.to(torch.int32), md.max_seq_len)
+
+
 class TorchAttentionImpl:
     DECODE_GROUP = 8  # decodes per batched gather + SDPA
 
@@ -93,6 +115,9 @@ class TorchAttentionImpl:
     def do_kv_cache_update(self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
                            slot_mapping: torch.Tensor) -> None:
         """The write path: token i's K/V lands in slot slot_mapping[i] (-1 is padding, skipped)."""
+        if _C.usable(key, kv_cache) and _C.heads_contiguous(key, value):
+            _C.reshape_and_cache(key, value, kv_cache[0], kv_cache[1], slot_mapping)
+            return
         num_kv_heads, head_size = key.shape[1:]
         if slot_mapping.numel() and int(slot_mapping.min()) < 0:
             valid = slot_mapping >= 0
@@ -104,17 +129,18 @@ class TorchAttentionImpl:
                 attn_metadata: AttentionMetadata, output: torch.Tensor) -> torch.Tensor:
         """The read path: each request's history is found block by block through its block_table row."""
         key_cache, value_cache = kv_cache[0], kv_cache[1]  # [num_blocks, block_size, num_kv_heads, head_size]
-        compiled = _C.usable(query, key_cache)
+        compiled = _C.usable(query, key_cache) and _C.heads_contiguous(query, output)
         if self._plan is None or self._plan[0] is not attn_metadata:
-            group_size = attn_metadata.num_reqs if compiled else self.DECODE_GROUP  # the kernel takes them all
-            self._plan = (attn_metadata, plan_step(attn_metadata, key_cache.shape[1], max(group_size, 1)))
+            plan = plan_queries(attn_metadata) if compiled else plan_step(attn_metadata, key_cache.shape[1],
+                                                                         self.DECODE_GROUP)
+            self._plan = (attn_metadata, plan)
+        if compiled:  # one call for every query token, history read in place through block_table
+            p = self._plan[1]
+            _C.paged_attention(output, query, key_cache, value_cache, attn_metadata.block_table, p.token_index,
+                               p.req_index, p.kv_lens, p.max_kv_len, layer.scale)
+            return output
         groups, chunks = self._plan[1]
         for g in groups:
-            if compiled:
-                _C.paged_attention_decode(output, query, key_cache, value_cache, attn_metadata.block_table,
-                                          attn_metadata.seq_lens, g.tokens, g.reqs, attn_metadata.max_seq_len,
-                                          layer.scale)
-                continue
             k = gather_blocks(key_cache, g.rows).flatten(1, 2).transpose(1, 2)  # [n, num_kv_heads, L, head_size]
             v = gather_blocks(value_cache, g.rows).flatten(1, 2).transpose(1, 2)
             q = query[g.tokens].unsqueeze(2)  # [n, num_heads, 1, head_size]

@@ -106,19 +106,38 @@ void rotary_embedding(const int64_t *positions, float *q, float *k, const float 
     }
 }
 
-/* ---- cpu_attn: paged attention for single-token decodes ------------------------------------ */
+/* ---- cache.cpp: write this step's K/V into the paged cache -------------------------------- */
 
-/* Design: one work item = (decode, KV head, a group of up to 4 of the query heads that share that
- * KV head). Every K and V row of the request's history is read once per item, straight from the
- * paged cache, in three passes over its block_table: scores q.k (history position p lives in
- * physical block block_table[p / block_size], row p % block_size), then the softmax, then the
- * p-weighted sum of V. No history is copied out of the cache first, which is what the PyTorch path
- * pays for. With AVX-512 and head_size a multiple of 16 the group's queries and outputs stay in
- * registers; otherwise a plain loop nest computes the same thing.
+/* Token t's K and V rows (num_kv_heads * head_size floats each, `key_stride` / `value_stride` apart)
+ * go to slot slot_mapping[t] = block * block_size + offset of caches laid out [num_slots, row];
+ * a negative slot (padding) is skipped. */
+void reshape_and_cache(const float *key, const float *value, float *key_cache, float *value_cache,
+                       const int64_t *slot_mapping, int64_t num_tokens, int64_t row, int64_t key_stride,
+                       int64_t value_stride) {
+#pragma omp parallel for schedule(static) if (num_tokens > 64)
+    for (int64_t t = 0; t < num_tokens; t++) {
+        int64_t slot = slot_mapping[t];
+        if (slot < 0) continue;
+        memcpy(key_cache + slot * row, key + t * key_stride, sizeof(float) * row);
+        memcpy(value_cache + slot * row, value + t * value_stride, sizeof(float) * row);
+    }
+}
+
+/* ---- cpu_attn: paged attention, every query token of the step in one call ------------------ */
+
+/* Design: one work item = (query token, KV head, a group of up to 4 of the query heads that share
+ * that KV head). A token at position pos sees the first kv_len = pos + 1 positions of its request's
+ * history, this step's own K/V included (they were written to the cache just before). Each of those
+ * K and V rows is read once per item, straight from the paged cache, in three passes over the
+ * request's block_table: scores q.k (position p lives in physical block block_table[p / block_size],
+ * row p % block_size), then the softmax, then the p-weighted sum of V. Decodes and prefill chunks
+ * take the same path, as in vLLM's unified attention; nothing is copied out of the cache first,
+ * which is what the PyTorch path pays for. With AVX-512 and head_size a multiple of 16 the group's
+ * queries and outputs stay in registers; otherwise a plain loop nest computes the same thing.
  *
  *   query/out  [num_tokens, num_heads, head_size] rows q_stride / out_stride apart
  *   key_cache, value_cache  [num_blocks, block_size, num_kv_heads, head_size], contiguous
- *   token_index[i]   the packed row of decode i;   req_index[i]  its row in block_table / seq_lens
+ *   token_index[i]  the packed row of query i;  req_index[i]  its row in block_table;  kv_lens[i]  keys it sees
  */
 #define GROUP 4
 
@@ -215,22 +234,22 @@ static inline __attribute__((always_inline)) void attend_avx512(float *out, int6
 }
 #endif
 
-void paged_attention_decode(float *out, const float *query, const float *key_cache, const float *value_cache,
-                            const int32_t *block_table, const int32_t *seq_lens, const int64_t *token_index,
-                            const int64_t *req_index, int64_t num_decodes, int64_t num_heads, int64_t num_kv_heads,
-                            int64_t head_size, int64_t block_size, int64_t block_table_stride, int64_t q_stride,
-                            int64_t out_stride, int64_t max_seq_len, float scale) {
+void paged_attention(float *out, const float *query, const float *key_cache, const float *value_cache,
+                     const int32_t *block_table, const int64_t *token_index, const int64_t *req_index,
+                     const int32_t *kv_lens, int64_t num_queries, int64_t num_heads, int64_t num_kv_heads,
+                     int64_t head_size, int64_t block_size, int64_t block_table_stride, int64_t q_stride,
+                     int64_t out_stride, int64_t max_kv_len, float scale) {
     int64_t qpk = num_heads / num_kv_heads, groups = (qpk + GROUP - 1) / GROUP;
 #pragma omp parallel
     {
-        float *scores = malloc(sizeof(float) * GROUP * (max_seq_len > 0 ? max_seq_len : 1));
+        float *scores = malloc(sizeof(float) * GROUP * (max_kv_len > 0 ? max_kv_len : 1));
         float *acc = malloc(sizeof(float) * GROUP * head_size);
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t item = 0; item < num_decodes * num_kv_heads * groups; item++) {
+        for (int64_t item = 0; item < num_queries * num_kv_heads * groups; item++) {
             int64_t i = item / (num_kv_heads * groups), kvh = item / groups % num_kv_heads, first = item % groups * GROUP;
             int heads = (int)(qpk - first < GROUP ? qpk - first : GROUP);
             History h = {key_cache, value_cache, block_table + req_index[i] * block_table_stride,
-                         seq_lens[req_index[i]], block_size, num_kv_heads * head_size, kvh * head_size, head_size};
+                         kv_lens[i], block_size, num_kv_heads * head_size, kvh * head_size, head_size};
             int64_t head = kvh * qpk + first;
             const float *q = query + token_index[i] * q_stride + head * head_size;
             float *o = out + token_index[i] * out_stride + head * head_size;
