@@ -4,20 +4,15 @@
  * Plain C11 + OpenMP, float32 only. Every function takes raw pointers, sizes and row strides
  * (in elements); the Python wrappers check dtypes and shapes. Nothing here knows of requests.
  *
- * Numerics: the file is compiled with -ffp-contract=off (and -fno-trapping-math, without which gcc
- * will not vectorize floorf), so `a * b + c` rounds twice exactly
- * as torch's separate elementwise kernels do; fmaf() is written out where a fused multiply-add is
- * wanted (dot products, the exp polynomial). Left out: bf16/fp16, quantized caches, ALiBi,
- * sliding windows, soft-capping.
+ * Numerics: the file is compiled with -ffp-contract=off, so `a * b + c` rounds twice, exactly as
+ * torch's separate elementwise kernels do; fmaf() is written out where a fused multiply-add is
+ * wanted (dot products, the exp polynomial). -fno-trapping-math only lets gcc vectorize floorf.
+ * Left out: bf16/fp16, quantized caches, ALiBi, sliding windows, soft-capping.
  */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-
-#ifndef MINIVLLM_NO_OPENMP
-#include <omp.h>
-#endif
 
 /* e^x in float32 to about 1 ulp, written so that gcc vectorizes it inside `omp simd` loops:
  * x = n ln2 + r with |r| <= ln2 / 2 (ln2 split in two for an exact product), e^r by a degree-6
@@ -151,7 +146,7 @@ static inline const float *history_row(const float *cache, const History *h, int
     return cache + ((int64_t)h->blocks[p / h->block_size] * h->block_size + p % h->block_size) * h->row + h->head_offset;
 }
 
-/* Softmax of each head's scores in place; returns nothing, leaves 1 / sum in inv[g]. */
+/* Each head's scores become exp(score - max) in place; inv[g] gets 1 / their sum. */
 static void softmax_rows(float *scores, const float *maxs, float *inv, int heads, int64_t seq_len) {
     for (int g = 0; g < heads; g++) {
         float *sg = scores + g * seq_len, m = maxs[g], total = 0.0f;
