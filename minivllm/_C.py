@@ -59,7 +59,7 @@ def library_path() -> Path:
     return cache_dir() / "ops" / f"minivllm_cpu_ops-{key}.so"
 
 
-def build(path: Path) -> None:
+def build(path: Path, extra_flags: tuple[str, ...] = ()) -> None:
     """Compile ops.c into `path` (atomically: a half-written library is never loaded)."""
     compiler = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
     if compiler is None:
@@ -67,11 +67,19 @@ def build(path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
         target = Path(tmp) / path.name
-        result = subprocess.run([compiler, *CFLAGS, str(SOURCE), "-o", str(target), "-lm"],
+        result = subprocess.run([compiler, *CFLAGS, *extra_flags, str(SOURCE), "-o", str(target), "-lm"],
                                 capture_output=True, text=True)
         if result.returncode != 0:
             raise RuntimeError(f"{compiler} failed:\n{result.stderr.strip()}")
         os.replace(target, path)
+
+
+def open_library(path: Path) -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(path))
+    for name, argtypes in SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = argtypes, None
+    return lib
 
 
 def load() -> ctypes.CDLL | None:
@@ -88,11 +96,7 @@ def load() -> ctypes.CDLL | None:
             start = time.perf_counter()
             build(path)
             logger.info("compiled CPU kernels in %.1f s: %s", time.perf_counter() - start, path)
-        lib = ctypes.CDLL(str(path))
-        for name, argtypes in SIGNATURES.items():
-            fn = getattr(lib, name)
-            fn.argtypes, fn.restype = argtypes, None
-        _lib = lib
+        _lib = open_library(path)
     except (OSError, RuntimeError) as e:
         logger.warning("CPU kernels unavailable, using the PyTorch path instead: %s", e)
     return _lib

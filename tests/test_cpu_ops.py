@@ -155,3 +155,16 @@ def test_reshape_and_cache_writes_each_token_to_its_slot_and_skips_padding():
     want_v.view(-1, 2, 16)[slot_mapping[valid]] = value[valid]
     _C.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
     assert torch.equal(key_cache, want_k) and torch.equal(value_cache, want_v)
+
+
+def test_the_plain_c_paths_agree_too(tmp_path, monkeypatch):
+    """Built without AVX-512, the generic loops take over; they must compute the same as the vector paths."""
+    path = tmp_path / "generic.so"
+    _C.build(path, extra_flags=("-mno-avx512f",))
+    monkeypatch.setattr(_C, "_lib", _C.open_library(path))
+    for layout in [(9, 3, 64, 16), (16, 1, 80, 16)]:
+        test_paged_attention_reads_history_through_the_block_table(*layout)
+    for m in (1, 9):
+        test_linear_small_batch_matches_a_matmul(m, 70, 40, True)
+    test_silu_and_mul_matches_torch_including_extreme_gates()
+    test_rotary_embedding_in_place_on_views_of_qkv_equals_the_torch_formula()
