@@ -29,11 +29,12 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        if _C.usable(x) and x.dim() == 2:
+        if _C.usable(x) and x.dim() == 2 and x.stride(1) == 1:
             if residual is None:
                 return _C.rms_norm(x, self.weight, self.eps)
-            _C.fused_add_rms_norm(x, residual, self.weight, self.eps)  # in place: residual += x; x = norm(residual)
-            return x, residual
+            if x.is_contiguous() and residual.is_contiguous():
+                _C.fused_add_rms_norm(x, residual, self.weight, self.eps)  # in place: residual += x; x = norm(residual)
+                return x, residual
         if residual is not None:
             residual = x = x + residual
             return self._norm(x), residual
