@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import logging
 import os
 import platform
 import shutil
@@ -23,9 +24,7 @@ from pathlib import Path
 
 import torch
 
-from minivllm.logger import init_logger
-
-logger = init_logger(__name__)
+logger = logging.getLogger("minivllm")
 
 SOURCE = Path(__file__).parent / "csrc" / "cpu" / "ops.c"
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math", "-std=c11", "-fPIC", "-shared"]

@@ -168,3 +168,21 @@ def test_hub_id_already_in_the_local_hf_cache_loads(tiny_llama_folder, tmp_path,
     assert resolve_model("acme/tiny-llama") == snapshot
     with pytest.raises(ValueError, match="Unknown model"):
         resolve_model("acme/not-cached")
+
+
+def test_engine_core_log_lines_carry_the_child_pid(tiny_llama_folder, tmp_path):
+    """Every line the child logs, the CPU-kernel build included, reads "(EngineCore pid=N) LEVEL minivllm: ..."."""
+    import subprocess
+    import sys
+    script = ("import sys\nfrom minivllm import LLM\n"
+              "llm = LLM(sys.argv[1], max_model_len=64)\nprint(llm.llm_engine.info['pid'])\nllm.shutdown()\n")
+    env = {**os.environ, "MINIVLLM_LOGGING_LEVEL": "INFO", "MINIVLLM_CACHE_DIR": str(tmp_path)}  # forces a build
+    result = subprocess.run([sys.executable, "-c", script, str(tiny_llama_folder)], capture_output=True, text=True,
+                            timeout=300, env=env)
+    assert result.returncode == 0, result.stderr
+    pid = int(result.stdout.split()[-1])
+    lines = [line for line in result.stderr.splitlines() if "minivllm:" in line]
+    child = [line for line in lines if line.startswith(f"(EngineCore pid={pid}) INFO minivllm: ")]
+    assert any("compiled CPU kernels" in line for line in child), lines
+    assert any("EngineCore ready" in line for line in child), lines
+    assert all(line.startswith(("(EngineCore pid=", "INFO minivllm: ", "WARNING minivllm: ")) for line in lines), lines
