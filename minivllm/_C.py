@@ -27,7 +27,8 @@ import torch
 logger = logging.getLogger("minivllm")
 
 SOURCE = Path(__file__).parent / "csrc" / "cpu" / "ops.c"
-CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math", "-std=c11", "-fPIC", "-shared"]
+CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math",
+          "-std=c11", "-fPIC", "-shared"]
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 SIGNATURES = {
     "rms_norm": [_P, _P, _P, _I, _I, _I, _F],
@@ -67,7 +68,7 @@ def build(path: Path, extra_flags: tuple[str, ...] = ()) -> None:
     with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
         target = Path(tmp) / path.name
         result = subprocess.run([compiler, *CFLAGS, *extra_flags, str(SOURCE), "-o", str(target), "-lm"],
-                                capture_output=True, text=True)
+                                capture_output=True, text=True, timeout=300)
         if result.returncode != 0:
             raise RuntimeError(f"{compiler} failed:\n{result.stderr.strip()}")
         os.replace(target, path)
@@ -96,7 +97,7 @@ def load() -> ctypes.CDLL | None:
             build(path)
             logger.info("compiled CPU kernels in %.1f s: %s", time.perf_counter() - start, path)
         _lib = open_library(path)
-    except (OSError, RuntimeError) as e:
+    except (OSError, RuntimeError, subprocess.SubprocessError) as e:
         logger.warning("CPU kernels unavailable, using the PyTorch path instead: %s", e)
     return _lib
 

@@ -90,7 +90,8 @@ void rotary_embedding(const int64_t *positions, float *q, float *k, const float 
     for (int64_t t = 0; t < num_tokens; t++) {
         const float *c = cos_cache + positions[t] * head_size, *s = sin_cache + positions[t] * head_size;
         for (int64_t h = 0; h < num_heads + num_kv_heads; h++) {
-            float *x = h < num_heads ? q + t * q_stride + h * head_size : k + t * k_stride + (h - num_heads) * head_size;
+            float *x = h < num_heads ? q + t * q_stride + h * head_size
+                                     : k + t * k_stride + (h - num_heads) * head_size;
 #pragma omp simd
             for (int64_t i = 0; i < half; i++) {
                 float x1 = x[i], x2 = x[i + half];
@@ -143,7 +144,8 @@ typedef struct {
 } History;
 
 static inline const float *history_row(const float *cache, const History *h, int64_t p) {
-    return cache + ((int64_t)h->blocks[p / h->block_size] * h->block_size + p % h->block_size) * h->row + h->head_offset;
+    int64_t slot = (int64_t)h->blocks[p / h->block_size] * h->block_size + p % h->block_size;
+    return cache + slot * h->row + h->head_offset;
 }
 
 /* Each head's scores become exp(score - max) in place; inv[g] gets 1 / their sum. */
@@ -241,7 +243,8 @@ void paged_attention(float *out, const float *query, const float *key_cache, con
         float *acc = malloc(sizeof(float) * GROUP * head_size);
 #pragma omp for schedule(dynamic, 1)
         for (int64_t item = 0; item < num_queries * num_kv_heads * groups; item++) {
-            int64_t i = item / (num_kv_heads * groups), kvh = item / groups % num_kv_heads, first = item % groups * GROUP;
+            int64_t i = item / (num_kv_heads * groups), kvh = item / groups % num_kv_heads;
+            int64_t first = item % groups * GROUP;  /* first query head of this group, within the KV head's */
             int heads = (int)(qpk - first < GROUP ? qpk - first : GROUP);
             History h = {key_cache, value_cache, block_table + req_index[i] * block_table_stride,
                          kv_lens[i], block_size, num_kv_heads * head_size, kvh * head_size, head_size};
