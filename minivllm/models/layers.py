@@ -113,8 +113,8 @@ class PackedLinear(nn.Module):
 
     Up to SMALL_BATCH rows (every decode step) the compiled small-batch kernel streams its own panel
     layout (minivllm/_C.py, csrc/cpu/ops.c); on this kind of CPU it runs 1.2-1.8x faster than oneDNN
-    there. Bigger batches (prefill) go to oneDNN with its packed weight, which is itself 1.3x faster
-    than the default MKL path. The packing is a layout change only; results agree with nn.Linear
+    at 1-32 rows and level with it up to 256. Bigger batches (prefill) go to oneDNN with its packed
+    weight, which is itself 1.3x faster than the default MKL path. The packing is a layout change only; results agree with nn.Linear
     to float32 rounding.
     """
     SMALL_BATCH = 256
