@@ -153,9 +153,8 @@ def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: torch.Te
     each head's row contiguous, tokens at any stride; cos/sin_cache [max_position, head_size] contiguous."""
     num_tokens, num_heads, head_size = query.shape
     num_kv_heads = key.shape[1]
-    for t in (query, key):
-        if t.stride(2) != 1 or t.stride(1) != head_size:
-            raise ValueError(f"rotary_embedding needs contiguous heads, got strides {t.stride()}")
+    if not heads_contiguous(query, key):
+        raise ValueError(f"rotary_embedding needs contiguous heads, got strides {query.stride()}, {key.stride()}")
     positions = positions.to(torch.int64).contiguous()
     _lib.rotary_embedding(positions.data_ptr(), query.data_ptr(), key.data_ptr(), cos_cache.data_ptr(),
                           sin_cache.data_ptr(), num_tokens, num_heads, num_kv_heads, head_size,
@@ -168,9 +167,8 @@ def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.T
     -> slot slot_mapping[t] of key/value_cache [num_blocks, block_size, num_kv_heads, head_size]; -1 skipped."""
     num_tokens, num_kv_heads, head_size = key.shape
     row = num_kv_heads * head_size
-    for t in (key, value):
-        if t.stride(2) != 1 or t.stride(1) != head_size:
-            raise ValueError(f"reshape_and_cache needs each token's heads contiguous, got strides {t.stride()}")
+    if not heads_contiguous(key, value):
+        raise ValueError(f"reshape_and_cache needs contiguous heads, got strides {key.stride()}, {value.stride()}")
     if not (key_cache.is_contiguous() and value_cache.is_contiguous()):
         raise ValueError("reshape_and_cache needs contiguous caches")
     slot_mapping = slot_mapping.to(torch.int64).contiguous()

@@ -100,7 +100,7 @@ class EngineCore:
 
     def step(self) -> EngineCoreOutputs:
         if not self.scheduler.has_unfinished_requests():
-            return EngineCoreOutputs(engine_pid=os.getpid(), trace_events=self._trace_events())
+            return EngineCoreOutputs(engine_pid=os.getpid(), trace_events=self.drain_trace())
         scheduler_output = self.scheduler.schedule()  # 1. spend the token and block budgets
         if self.tracer is not None:
             self.tracer.on_schedule(self, scheduler_output)
@@ -109,10 +109,11 @@ class EngineCore:
         if self.tracer is not None:
             self.tracer.on_update(self, scheduler_output, model_output, outputs)
         outputs.engine_pid = os.getpid()
-        outputs.trace_events = self._trace_events()
+        outputs.trace_events = self.drain_trace()
         return outputs
 
-    def _trace_events(self) -> list:
+    def drain_trace(self) -> list:
+        """Trace events recorded since the last drain (they ride back with each step's outputs)."""
         return self.tracer.drain() if self.tracer is not None else []
 
     def get_num_free_blocks(self) -> int:
@@ -126,9 +127,6 @@ class EngineCore:
         from minivllm.tracing.tracer import EngineTracer
         self.tracer = EngineTracer()
         self.model_executor.trace_enabled = True
-
-    def drain_trace(self) -> list:
-        return self._trace_events()
 
 
 def run_engine_core(config: EngineConfig, model_folder: str, input_queue, output_queue, parent_pid: int) -> None:

@@ -18,12 +18,15 @@ def _ids(values) -> list:
     return sorted(values, key=lambda r: (len(r), r))
 
 
-def describe_schedule(scheduler, so, step: int) -> dict[str, Any]:
+def describe_schedule(scheduler, so, step: int, blocks: dict[str, list[int]] | None = None) -> dict[str, Any]:
     """One SchedulerOutput plus the queues and free blocks right after schedule(), as plain data.
 
     Works on any Scheduler, so a scheduler driven by hand (no model) prints like the engine's.
+    `blocks`: every request's block ids, if the caller already looked them up.
     """
     manager = scheduler.kv_cache_manager
+    if blocks is None:
+        blocks = {r: manager.get_block_ids(r) for r in so.num_scheduled_tokens}
     cached = so.scheduled_cached_reqs
     return dict(
         step=step,
@@ -36,7 +39,7 @@ def describe_schedule(scheduler, so, step: int) -> dict[str, Any]:
         finished_req_ids=_ids(so.finished_req_ids), preempted_req_ids=_ids(so.preempted_req_ids),
         waiting=[r.request_id for r in scheduler.waiting], running=[r.request_id for r in scheduler.running],
         num_free_blocks=manager.block_pool.get_num_free_blocks(),
-        block_tables={r: manager.get_block_ids(r) for r in so.num_scheduled_tokens})
+        block_tables={r: blocks[r] for r in so.num_scheduled_tokens})
 
 
 def describe_batch(batch) -> dict[str, Any]:
@@ -73,7 +76,7 @@ class EngineTracer:
         self.step += 1
         manager = core.scheduler.kv_cache_manager
         self._blocks = {r: manager.get_block_ids(r) for r in core.scheduler.requests}
-        self._emit("schedule", **describe_schedule(core.scheduler, so, self.step))
+        self._emit("schedule", **describe_schedule(core.scheduler, so, self.step, self._blocks))
 
     def on_update(self, core, so, model_output, outputs) -> None:
         trace = model_output.trace or {}
