@@ -96,7 +96,10 @@ def test_chat_applies_the_chat_template():
 
 @pytest.mark.parametrize("field,value", [
     ("temperature", -1.0), ("top_p", 0.0), ("top_p", 1.5), ("top_k", -2), ("min_p", 1.5), ("seed", "x"),
-    ("max_tokens", 0), ("min_tokens", -1), ("stop", [""]), ("stop_token_ids", [-1]), ("logprobs", -1),
+    ("max_tokens", 0), ("min_tokens", -1), ("stop", [""]), ("stop_token_ids", [-1]), ("logprobs", -2),
+    ("temperature", float("nan")), ("top_p", float("nan")), ("min_p", float("inf")), ("seed", 2**64),
+    ("seed", True), ("max_tokens", True), ("top_k", 2.5), ("ignore_eos", "no"), ("stop_token_ids", [True]),
+    ("include_stop_str_in_output", 1), ("skip_special_tokens", None),
 ])
 def test_invalid_sampling_params_name_the_field(field, value):
     with pytest.raises(ValueError, match=field):

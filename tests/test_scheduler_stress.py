@@ -78,7 +78,7 @@ class Scenario:
         req = Request(f"r{self.next_id}", [7] * prompt_len, params, EOS if rng.random() < 0.8 else None,
                       priority=rng.randint(0, 3), arrival_time=self.step_no + rng.uniform(-3, 3))
         self.next_id += 1
-        fits = 0 < prompt_len <= mml and cdiv(peak_kv_tokens(prompt_len, max_tokens, mml),
+        fits = 0 < prompt_len < mml and cdiv(peak_kv_tokens(prompt_len, max_tokens, mml),
                                               self.cc.block_size) <= self.cc.num_gpu_blocks - 1
         try:
             self.s.add_request(req)

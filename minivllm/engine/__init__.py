@@ -1,15 +1,32 @@
 """Mirror of vllm/v1/engine/__init__.py: the messages that cross the process boundary.
 
-EngineCoreRequest travels caller -> EngineCore over the input queue;
-EngineCoreOutputs travels back over the output queue. Both are plain
-dataclasses, so they pickle cheaply. Left out: msgspec, multimodal features.
+Every message is a pair (type, payload). Caller -> EngineCore, over the input
+queue: an EngineCoreRequestType (as vLLM's) with its payload; EngineCore ->
+caller, over the output pipe: an EngineCoreOutputType with its payload. The
+payloads are plain dataclasses and lists, so they pickle cheaply.
+Left out: msgspec, multimodal features.
 """
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from typing import Any
 
 from minivllm.sampling_params import SamplingParams
+
+
+class EngineCoreRequestType(enum.Enum):
+    ADD = "ADD"  # payload: list[EngineCoreRequest], admitted together before the next step
+    ABORT = "ABORT"  # payload: list of request ids
+    UTILITY = "UTILITY"  # payload: (call_id, method name, args) of an EngineCore method
+    SHUTDOWN = "SHUTDOWN"  # payload: None
+
+
+class EngineCoreOutputType(enum.Enum):
+    READY = "READY"  # payload: EngineCore.info()
+    OUTPUTS = "OUTPUTS"  # payload: EngineCoreOutputs of one step
+    UTILITY = "UTILITY"  # payload: (call_id, error message or None, result)
+    ERROR = "ERROR"  # payload: (message, refused): refused = the child rejected bad input, a ValueError
 
 
 @dataclass

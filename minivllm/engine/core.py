@@ -1,9 +1,9 @@
 """Mirror of vllm/v1/engine/core.py: EngineCore and the busy loop that runs it in a child process.
 
 `EngineCore.step()` is the article's three stages: schedule() -> execute_model()
--> update_from_output(). `run_engine_core` is the child's busy loop: drain the
-input queue, step while there is work, put EngineCoreOutputs on the output
-queue. Left out: ZMQ sockets, data parallelism, batch queues for pipeline
+-> update_from_output(). `run_engine_core` starts the child's EngineCore and
+`run_busy_loop` runs it: drain the input queue, step while there is work, send
+EngineCoreOutputs down the output pipe. Left out: ZMQ sockets, data parallelism, batch queues for pipeline
 parallelism, async scheduling.
 """
 from __future__ import annotations
@@ -12,14 +12,17 @@ import ctypes
 import logging
 import os
 import queue
+import random
+import signal
 import traceback
 
+import numpy as np
 import torch
 
 from minivllm.attention.selector import get_attn_backend_name
-from minivllm.config import CacheConfig, EngineConfig
+from minivllm.config import CacheConfig, EngineConfig, resolve_sizes
 from minivllm.core.sched.scheduler import Scheduler
-from minivllm.engine import EngineCoreOutputs, EngineCoreRequest
+from minivllm.engine import EngineCoreOutputs, EngineCoreOutputType, EngineCoreRequest, EngineCoreRequestType
 from minivllm.models.loader import get_model, load_config
 from minivllm.request import Request, RequestStatus
 from minivllm.worker.model_runner import GPUModelRunner
@@ -44,24 +47,26 @@ def keep_freed_memory() -> None:
     libc.mallopt(-1, 2**31 - 1)  # M_TRIM_THRESHOLD: never give the heap top back
 
 
-def max_model_len_for(config: EngineConfig, hf_config) -> int:
-    limit = hf_config.max_position_embeddings
-    if config.max_model_len is not None and config.max_model_len > limit:
-        raise ValueError(f"max_model_len={config.max_model_len} exceeds the model's "
-                         f"max_position_embeddings={limit}: lower max_model_len.")
-    return config.max_model_len or limit
+def set_random_seed(seed: int) -> None:
+    """As vLLM's worker: seed Python's, NumPy's and torch's global generators in this process.
+
+    In-process (MINIVLLM_ENABLE_V1_MULTIPROCESSING=0) that process is the caller's, so a script's own
+    `random` calls after LLM(seed=...) repeat run to run, as vLLM's reproducibility example expects.
+    """
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
 
 
 class EngineCore:
     def __init__(self, config: EngineConfig, model_folder: str) -> None:
-        torch.manual_seed(config.seed)
+        set_random_seed(config.seed)
         if config.device == "cpu" and os.environ.get("MINIVLLM_KEEP_FREED_MEMORY", "1") != "0":
             keep_freed_memory()
         hf_config = load_config(model_folder)
-        self.max_model_len = max_model_len_for(config, hf_config)
+        self.max_model_len, self.num_gpu_blocks = resolve_sizes(config, hf_config)
         dtype = _DTYPES[config.dtype]
         model = get_model(model_folder, hf_config, self.max_model_len, dtype, config.device)
-        self.num_gpu_blocks = config.num_gpu_blocks_override or self._blocks_from_budget(config, hf_config, dtype)
         self.block_size = config.block_size
         self.attention_backend = get_attn_backend_name(config.attention_backend, config.device)
         self.scheduler = Scheduler(config.scheduler_config(self.max_model_len),
@@ -75,13 +80,6 @@ class EngineCore:
         logger.info("EngineCore ready: %s, %d KV blocks of %d tokens, max_model_len=%d, %s attention",
                     type(model).__name__, self.num_gpu_blocks, config.block_size, self.max_model_len,
                     self.attention_backend)
-
-    @staticmethod
-    def _blocks_from_budget(config: EngineConfig, hf_config, dtype: torch.dtype) -> int:
-        heads = getattr(hf_config, "num_key_value_heads", hf_config.num_attention_heads)
-        head_size = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
-        per_block = hf_config.num_hidden_layers * 2 * config.block_size * heads * head_size * dtype.itemsize
-        return max(2, config.kv_cache_memory_bytes // per_block)
 
     def info(self) -> dict:
         return {"max_model_len": self.max_model_len, "num_gpu_blocks": self.num_gpu_blocks,
@@ -129,46 +127,66 @@ class EngineCore:
         self.model_executor.trace_enabled = True
 
 
-def run_engine_core(config: EngineConfig, model_folder: str, input_queue, output_queue, parent_pid: int) -> None:
-    """The child's busy loop: block for work when idle, otherwise drain inputs and step."""
+def run_engine_core(config: EngineConfig, model_folder: str, input_queue, output_conn, parent_pid: int) -> None:
+    """The child process's entry: build EngineCore, report READY, then run the busy loop.
+
+    SIGINT is ignored here: a Ctrl-C in the terminal interrupts the caller's generate(), which
+    aborts its requests, while EngineCore lives on for the next call.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     from minivllm.logger import init_engine_core_logger
     init_engine_core_logger()
+    send = output_conn.send
     try:
         core = EngineCore(config, model_folder)
-        output_queue.put(("READY", core.info()))
+        send((EngineCoreOutputType.READY, core.info()))
     except BaseException as e:  # a bad model or config: tell the caller, then exit
         refused = isinstance(e, ValueError)  # bad input: the caller gets the ValueError itself
-        output_queue.put(("ERROR", str(e) if refused else f"{type(e).__name__}: {e}", refused))
+        send((EngineCoreOutputType.ERROR, (str(e) if refused else f"{type(e).__name__}: {e}", refused)))
         return
     try:
-        while True:
-            idle = not core.scheduler.has_unfinished_requests()
+        run_busy_loop(core, input_queue, send, parent_pid)
+    except (BrokenPipeError, EOFError):
+        return  # the caller closed its end: nobody is left to serve
+    except BaseException:
+        send((EngineCoreOutputType.ERROR, (traceback.format_exc(), False)))
+        raise
+
+
+def run_busy_loop(core: EngineCore, input_queue, send, parent_pid: int) -> None:
+    """The article's busy loop: block for work when idle, otherwise take every input that has arrived and step."""
+    while True:
+        idle = not core.scheduler.has_unfinished_requests()
+        try:
+            message = input_queue.get(timeout=1.0) if idle else input_queue.get_nowait()
+        except queue.Empty:
+            message = None
+            if os.getppid() != parent_pid:  # the caller is gone: do not outlive it
+                return
+        while message is not None:
+            kind, payload = message
+            if kind == EngineCoreRequestType.SHUTDOWN:
+                return
+            if kind == EngineCoreRequestType.ADD:
+                for request in payload:
+                    core.add_request(request)
+            elif kind == EngineCoreRequestType.ABORT:
+                core.abort_requests(payload)
+            elif kind == EngineCoreRequestType.UTILITY:
+                send((EngineCoreOutputType.UTILITY, _call_utility(core, *payload)))
             try:
-                message = input_queue.get(timeout=1.0) if idle else input_queue.get_nowait()
+                message = input_queue.get_nowait()
             except queue.Empty:
                 message = None
-                if os.getppid() != parent_pid:  # the caller is gone: do not outlive it
-                    return
-            while message is not None:
-                kind, payload = message
-                if kind == "SHUTDOWN":
-                    return
-                if kind == "ADD":
-                    for request in payload:
-                        core.add_request(request)
-                elif kind == "ABORT":
-                    core.abort_requests(payload)
-                elif kind == "UTILITY":
-                    call_id, name, args = payload
-                    output_queue.put(("UTILITY", (call_id, getattr(core, name)(*args))))
-                try:
-                    message = input_queue.get_nowait()
-                except queue.Empty:
-                    message = None
-            if core.scheduler.has_unfinished_requests():
-                outputs = core.step()
-                if outputs.outputs or outputs.trace_events:
-                    output_queue.put(("OUTPUTS", outputs))
-    except BaseException:
-        output_queue.put(("ERROR", traceback.format_exc(), False))
-        raise
+        if core.scheduler.has_unfinished_requests():
+            outputs = core.step()
+            if outputs.outputs or outputs.trace_events:
+                send((EngineCoreOutputType.OUTPUTS, outputs))
+
+
+def _call_utility(core: EngineCore, call_id: int, name: str, args: tuple) -> tuple:
+    """Run one EngineCore method for the caller; a failure goes back as its message, the engine lives on."""
+    try:
+        return call_id, None, getattr(core, name)(*args)
+    except Exception as e:
+        return call_id, f"{type(e).__name__}: {e}", None

@@ -1,10 +1,11 @@
 """Mirror of vllm/v1/engine/core_client.py: how LLMEngine talks to EngineCore.
 
 InprocClient holds EngineCore in the caller's process: get_output() runs one
-step. SyncMPClient starts EngineCore in a child process and talks over two
-IPC queues: requests in, EngineCoreOutputs out; get_output() only consumes.
-A dead child is reported within a second, never waited on forever, and no
-child outlives its client. Left out: ZMQ, msgpack, async clients, data-parallel clients.
+step. SyncMPClient starts EngineCore in a child process: requests go in over
+an IPC queue, EngineCoreOutputs come back over a one-way pipe; get_output()
+only consumes. A dead child is reported within a second, never waited on
+forever (even mid-message), a Ctrl-C in the terminal reaches only the caller,
+and no child outlives its client. Left out: ZMQ, msgpack, async clients, data-parallel clients.
 """
 from __future__ import annotations
 
@@ -13,12 +14,13 @@ import contextlib
 import itertools
 import multiprocessing
 import os
-import queue
+import signal
 import sys
+import threading
 import weakref
 
 from minivllm.config import EngineConfig
-from minivllm.engine import EngineCoreOutputs, EngineCoreRequest
+from minivllm.engine import EngineCoreOutputs, EngineCoreOutputType, EngineCoreRequest, EngineCoreRequestType
 from minivllm.engine.core import EngineCore, run_engine_core
 
 
@@ -36,47 +38,61 @@ class InprocClient:
     def __init__(self, config: EngineConfig, model_folder: str) -> None:
         self.engine_core = EngineCore(config, model_folder)
         self.info = self.engine_core.info()
+        self._shut_down = False
+
+    def _core(self) -> EngineCore:
+        if self._shut_down:
+            raise EngineDeadError(SHUT_DOWN)
+        return self.engine_core
 
     def add_requests(self, requests: list[EngineCoreRequest]) -> None:
         for request in requests:
-            self.engine_core.add_request(request)
+            self._core().add_request(request)
 
     def get_output(self) -> EngineCoreOutputs:
-        return self.engine_core.step()  # in-process, consuming output means running a step
+        return self._core().step()  # in-process, consuming output means running a step
 
     def abort_requests(self, request_ids: list[str]) -> None:
         if request_ids:
-            self.engine_core.abort_requests(request_ids)
+            self._core().abort_requests(request_ids)
 
     def call_utility(self, name: str, *args):
-        return getattr(self.engine_core, name)(*args)
+        return getattr(self._core(), name)(*args)
 
     def shutdown(self) -> None:
-        pass
+        self._shut_down = True
+
+
+SHUT_DOWN = "The engine was shut down (LLM.shutdown()): create a new LLM to continue."
 
 
 def _stop_process(process, input_queue) -> None:
     if process.is_alive():
         try:
-            input_queue.put(("SHUTDOWN", None))
+            input_queue.put((EngineCoreRequestType.SHUTDOWN, None))
         except (OSError, ValueError):
             pass
         process.join(timeout=3)
     if process.is_alive():
         process.kill()
         process.join(timeout=3)
+    input_queue.close()
 
 
 @contextlib.contextmanager
-def _main_module_hidden():
-    """Start the child without re-running the caller's script.
+def _child_setup():
+    """Start the child without re-running the caller's script, and deaf to the terminal's Ctrl-C.
 
     A spawned child normally re-imports the caller's __main__ (which is why scripts need an
     `if __name__ == "__main__":` guard). EngineCore needs nothing from it, so while the child is
-    being started we hide where __main__ came from, and a plain script just works.
+    being started we hide where __main__ came from, and a plain script just works. SIGINT is
+    ignored meanwhile (in the main thread), and an ignored signal stays ignored across exec, so
+    a Ctrl-C reaches only the caller even while the child is still importing.
     """
     main = sys.modules.get("__main__")
     saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if main is not None and k in main.__dict__}
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    old_sigint = signal.signal(signal.SIGINT, signal.SIG_IGN) if in_main_thread else None
     try:
         for key in saved:
             setattr(main, key, None) if key == "__spec__" else delattr(main, key)
@@ -84,6 +100,8 @@ def _main_module_hidden():
     finally:
         for key, value in saved.items():
             setattr(main, key, value)
+        if in_main_thread:
+            signal.signal(signal.SIGINT, old_sigint)
 
 
 class SyncMPClient:
@@ -91,60 +109,90 @@ class SyncMPClient:
 
     def __init__(self, config: EngineConfig, model_folder: str) -> None:
         ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no forked thread pools
-        self.input_queue, self.output_queue = ctx.Queue(), ctx.Queue()
+        self.input_queue = ctx.Queue()
+        # Never block this process's exit on a feeder thread writing to a child that no longer reads.
+        self.input_queue.cancel_join_thread()
+        # Outputs come back over a one-way pipe whose write end only the child holds: when the child
+        # dies, even in the middle of a message, the read here ends with EOF instead of waiting forever.
+        self.output_conn, writer = ctx.Pipe(duplex=False)
         self.process = ctx.Process(target=run_engine_core, name="EngineCore", daemon=True,
-                                   args=(config, str(model_folder), self.input_queue, self.output_queue, os.getpid()))
-        with _main_module_hidden():
+                                   args=(config, str(model_folder), self.input_queue, writer, os.getpid()))
+        with _child_setup():
             self.process.start()
+        writer.close()
         self._finalizer = weakref.finalize(self, _stop_process, self.process, self.input_queue)
         self._pending: collections.deque = collections.deque()  # outputs that arrived during a utility call
         self._call_ids = itertools.count()
+        self._dead: str | None = None  # why this client can no longer be used
         try:
-            _, self.info = self._receive()  # ("READY", info)
+            _, self.info = self._receive()  # (READY, info)
         except BaseException:
             self.shutdown()
             raise
 
-    def _receive(self) -> tuple[str, object]:
-        """The next (kind, payload) from EngineCore; an ERROR message or a dead child raises here."""
+    def _died(self) -> EngineDeadError:
+        self.process.join(timeout=1)
+        self._dead = (f"EngineCore process (pid={self.process.pid}) died unexpectedly with exit code "
+                      f"{self.process.exitcode}; its log lines above say why. Create a new LLM to continue.")
+        return EngineDeadError(self._dead)
+
+    def _receive(self) -> tuple[EngineCoreOutputType, object]:
+        """The next (type, payload) from EngineCore; an ERROR message or a dead child raises here."""
+        if self._dead:
+            raise EngineDeadError(self._dead)
         while True:
             try:
-                kind, payload, *rest = self.output_queue.get(timeout=self.POLL_S)
-            except queue.Empty:
-                if not self.process.is_alive():
-                    raise EngineDeadError(
-                        f"EngineCore process (pid={self.process.pid}) died unexpectedly with exit code "
-                        f"{self.process.exitcode}; its log lines above say why. Create a new LLM to continue.")
-                continue
-            if kind == "ERROR":  # rest[0]: the child refused bad input (a ValueError) rather than failed
-                raise ValueError(payload) if rest and rest[0] else EngineDeadError(f"EngineCore failed:\n{payload}")
+                if not self.output_conn.poll(self.POLL_S):
+                    if not self.process.is_alive():
+                        raise self._died()
+                    continue
+                kind, payload = self.output_conn.recv()
+            except (EOFError, OSError):
+                raise self._died() from None
+            if kind == EngineCoreOutputType.ERROR:
+                message, refused = payload  # refused: the child rejected bad input rather than failed
+                if refused:
+                    raise ValueError(message)
+                self._dead = f"EngineCore failed:\n{message}"
+                raise EngineDeadError(self._dead)
             return kind, payload
+
+    def _send(self, kind: EngineCoreRequestType, payload) -> None:
+        if self._dead:
+            raise EngineDeadError(self._dead)
+        if not self.process.is_alive():
+            raise self._died()
+        self.input_queue.put((kind, payload))
 
     def add_requests(self, requests: list[EngineCoreRequest]) -> None:
         # one message: EngineCore admits the whole batch before its next step
-        self.input_queue.put(("ADD", list(requests)))
+        self._send(EngineCoreRequestType.ADD, list(requests))
 
     def abort_requests(self, request_ids: list[str]) -> None:
         if request_ids:
-            self.input_queue.put(("ABORT", list(request_ids)))
+            self._send(EngineCoreRequestType.ABORT, list(request_ids))
 
     def get_output(self) -> EngineCoreOutputs:
         if self._pending:
             return self._pending.popleft()
         while True:
             kind, payload = self._receive()
-            if kind == "OUTPUTS":
+            if kind == EngineCoreOutputType.OUTPUTS:
                 return payload
 
     def call_utility(self, name: str, *args):
         call_id = next(self._call_ids)
-        self.input_queue.put(("UTILITY", (call_id, name, args)))
+        self._send(EngineCoreRequestType.UTILITY, (call_id, name, args))
         while True:
             kind, payload = self._receive()
-            if kind == "UTILITY" and payload[0] == call_id:
-                return payload[1]
-            if kind == "OUTPUTS":
+            if kind == EngineCoreOutputType.UTILITY and payload[0] == call_id:
+                _, error, result = payload
+                if error is not None:
+                    raise RuntimeError(f"EngineCore.{name} failed (the engine is still running): {error}")
+                return result
+            if kind == EngineCoreOutputType.OUTPUTS:
                 self._pending.append(payload)
 
     def shutdown(self) -> None:
+        self._dead = self._dead or SHUT_DOWN
         self._finalizer()

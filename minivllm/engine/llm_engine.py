@@ -12,14 +12,16 @@ import itertools
 import logging
 import time
 
-from minivllm.config import EngineConfig
+import torch
+
+from minivllm.config import EngineConfig, resolve_sizes
 from minivllm.core.sched.scheduler import check_request_fits
 from minivllm.engine import EngineCoreRequest
 from minivllm.engine.core_client import make_client
 from minivllm.engine.output_processor import OutputProcessor
 from minivllm.models.loader import load_config, resolve_model
 from minivllm.outputs import RequestOutput
-from minivllm.sampling_params import SamplingParams
+from minivllm.sampling_params import SamplingParams, is_int
 
 logger = logging.getLogger("minivllm")
 
@@ -30,6 +32,9 @@ class LLMEngine:
         self.config = config
         self.model_folder = resolve_model(config.model)
         self.hf_config = load_config(self.model_folder)  # an unsupported architecture fails here, in the caller
+        resolve_sizes(config, self.hf_config)  # so does a size this machine cannot hold
+        if config.device == "cuda" and not torch.cuda.is_available():
+            raise ValueError("device='cuda' but torch sees no CUDA device: use device='cpu'.")
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_folder)
         self.engine_core = make_client(config, self.model_folder, multiprocess)
         self.info = self.engine_core.info
@@ -48,23 +53,61 @@ class LLMEngine:
     def next_request_id(self) -> str:
         return str(next(self._request_counter))
 
-    def process_inputs(self, request_id: str, prompt: str | list[int], params: SamplingParams,
+    def process_inputs(self, request_id: str, prompt, params: SamplingParams,
                        priority: int = 0) -> tuple[str | None, EngineCoreRequest]:
-        """Tokenize and validate; raise ValueError naming what to change. Nothing is sent yet."""
+        """Tokenize and validate; raise ValueError naming what to change. Nothing is sent yet.
+
+        `prompt` is a string, a list of token ids, or vLLM's dict forms {"prompt": text} and
+        {"prompt_token_ids": ids}. The engine works on its own copy of `params` (EOS joins the ids
+        that min_tokens holds back), so one SamplingParams can serve many prompts and engines.
+        """
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling_params must be SamplingParams, got {type(params).__name__}")
+        if not is_int(priority):
+            raise ValueError(f"priority must be an int (lower runs first), got {priority!r}")
+        text, token_ids = self._tokenize(prompt)
+        vocab = self.hf_config.vocab_size
+        if not all(is_int(t) and 0 <= t < vocab for t in token_ids):
+            raise ValueError(f"Prompt token ids must be ints in [0, {vocab}).")
+        self._check_logprobs(params.logprobs, vocab)
+        check_request_fits(len(token_ids), params.max_tokens, self.info["max_model_len"],
+                           self.info["block_size"], self.info["num_gpu_blocks"])
+        params = params.clone()
+        params.update_from_tokenizer(self.eos_token_id)
+        return text, EngineCoreRequest(request_id, token_ids, params, self.eos_token_id, time.time(), priority)
+
+    def _tokenize(self, prompt) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                return prompt.get("prompt"), self._token_list(prompt["prompt_token_ids"])
+            if "prompt" not in prompt:
+                raise ValueError(f"A dict prompt needs 'prompt' (text) or 'prompt_token_ids', got keys "
+                                 f"{sorted(prompt)}.")
+            prompt = prompt["prompt"]
+            if not isinstance(prompt, str):
+                raise ValueError(f"A dict prompt's 'prompt' must be a string, got {type(prompt).__name__}.")
         if isinstance(prompt, str):
             if not prompt:
                 raise ValueError("The prompt is an empty string: pass some text or token ids.")
-            text, token_ids = prompt, self.tokenizer.encode(prompt)
-        else:
-            text, token_ids = None, list(prompt)
-            vocab = self.hf_config.vocab_size
-            if not all(isinstance(t, int) and 0 <= t < vocab for t in token_ids):
-                raise ValueError(f"Prompt token ids must be ints in [0, {vocab}).")
-        check_request_fits(len(token_ids), params.max_tokens, self.info["max_model_len"],
-                           self.info["block_size"], self.info["num_gpu_blocks"])
-        return text, EngineCoreRequest(request_id, token_ids, params, self.eos_token_id, time.time(), priority)
+            return prompt, self.tokenizer.encode(prompt)
+        return None, self._token_list(prompt)
+
+    @staticmethod
+    def _token_list(ids) -> list[int]:
+        if not isinstance(ids, (list, tuple)):
+            raise ValueError(f"Prompt token ids must be a list of ints, got {type(ids).__name__}.")
+        return list(ids)
+
+    def _check_logprobs(self, logprobs: int | None, vocab: int) -> None:
+        """As vLLM: at most max_logprobs alternatives (-1 lifts the cap); logprobs=-1 means the whole vocabulary."""
+        if logprobs is None:
+            return
+        limit = vocab if self.config.max_logprobs == -1 else self.config.max_logprobs
+        wanted = vocab if logprobs == -1 else logprobs
+        if wanted > min(limit, vocab):
+            raise ValueError(f"SamplingParams.logprobs={logprobs} asks for {wanted} alternatives, more than allowed "
+                             f"({min(limit, vocab)}: max_logprobs={self.config.max_logprobs}, vocabulary {vocab}). "
+                             f"Lower logprobs, or raise the engine argument max_logprobs (-1: no limit).")
 
     def add_request(self, request_id: str | None, prompt: str | list[int], params: SamplingParams | None = None,
                     priority: int = 0) -> str:

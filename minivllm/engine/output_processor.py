@@ -83,11 +83,17 @@ class OutputProcessor:
             if state is None:
                 continue  # aborted here already (stop string, interrupt): late tokens are dropped
             finish_reason, stop_reason = out.finish_reason, out.stop_reason
-            state.token_ids.extend(out.new_token_ids)
-            if state.logprobs is not None and out.new_logprobs:
-                state.logprobs.extend(self._logprobs(t, e) for t, e in zip(out.new_token_ids, out.new_logprobs))
-            delta = state.detokenizer.update(out.new_token_ids)
-            stop = self._check_stop_strings(state, delta)
+            for i, token_id in enumerate(out.new_token_ids):
+                if state.logprobs is not None and out.new_logprobs and i < len(out.new_logprobs):
+                    state.logprobs.append(self._logprobs(state, token_id, out.new_logprobs[i]))
+                state.token_ids.append(token_id)
+            # As vLLM: a stop token (EOS or a stop_token_ids hit) stays in token_ids but not in the text.
+            to_decode = out.new_token_ids
+            if out.finish_reason == "stop" and not state.params.include_stop_str_in_output:
+                to_decode = to_decode[:-1]
+            delta = state.detokenizer.update(to_decode)
+            # Stop strings are not looked for until min_tokens outputs exist (vLLM's detokenizer).
+            stop = self._check_stop_strings(state, delta) if len(state.token_ids) > state.params.min_tokens else None
             if stop is not None:
                 finish_reason, stop_reason = "stop", stop
                 if out.finish_reason is None:
@@ -103,7 +109,7 @@ class OutputProcessor:
 
     @staticmethod
     def _check_stop_strings(state: RequestState, delta: str) -> str | None:
-        """Find a stop string that the new text completed; cut the text just before it."""
+        """Find a stop string that the new text completed; cut the text before it (or after, if kept)."""
         if not delta or not state.params.stop:
             return None
         detok = state.detokenizer
@@ -111,13 +117,34 @@ class OutputProcessor:
             start = max(0, len(detok.output_text) - len(delta) - len(stop) + 1)
             index = detok.output_text.find(stop, start)
             if index != -1:
-                detok.output_text = detok.output_text[:index]
+                end = index + len(stop) if state.params.include_stop_str_in_output else index
+                detok.output_text = detok.output_text[:end]
                 return stop
         return None
 
-    def _logprobs(self, token_id: int, entry: tuple[float, int, list[tuple[int, float]]]) -> dict[int, Logprob]:
-        """The sampled token (with its rank) plus the top alternatives, as vLLM returns them."""
+    def _logprobs(self, state: RequestState, token_id: int,
+                  entry: tuple[float, int, list[tuple[int, float]]]) -> dict[int, Logprob]:
+        """As vLLM returns them: the sampled token first (with its rank), then the top alternatives by rank.
+
+        Each token's text is decoded after the tokens before it, so a token that completes a
+        multi-byte character reads as that character, not U+FFFD.
+        """
         logprob, rank, top = entry
-        ranked = {tid: Logprob(lp, r + 1, self.tokenizer.decode([tid])) for r, (tid, lp) in enumerate(top)}
-        ranked[token_id] = Logprob(logprob, rank, self.tokenizer.decode([token_id]))
-        return ranked
+        ids = [token_id] + [tid for tid, _ in top if tid != token_id]
+        values = {token_id: (logprob, rank)} | {tid: (lp, r + 1) for r, (tid, lp) in enumerate(top) if tid != token_id}
+        context = (list(state.prompt_token_ids) + state.token_ids)[-self.DECODE_CONTEXT:]
+        texts = self._decode_after(context, ids)
+        return {tid: Logprob(*values[tid], text) for tid, text in zip(ids, texts)}
+
+    DECODE_CONTEXT = 4  # tokens of left context: enough for any UTF-8 character split across tokens
+    MAX_CONTEXT_DECODES = 32  # past this (logprobs=-1: the whole vocabulary) tokens are decoded alone
+
+    def _decode_after(self, context: list[int], ids: list[int]) -> list[str]:
+        if len(ids) > self.MAX_CONTEXT_DECODES:
+            return self.tokenizer.batch_decode([[t] for t in ids])
+        before = self.tokenizer.decode(context).rstrip("\ufffd")
+        texts = []
+        for token_id in ids:
+            both = self.tokenizer.decode(context + [token_id])
+            texts.append(both[len(before):] if both.startswith(before) else self.tokenizer.decode([token_id]))
+        return texts

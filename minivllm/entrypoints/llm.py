@@ -7,6 +7,7 @@ input order. Left out: beam search, embeddings and other pooling tasks, LoRA.
 """
 from __future__ import annotations
 
+import threading
 from typing import Sequence
 
 from tqdm import tqdm
@@ -17,7 +18,7 @@ from minivllm.logger import init_logger
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import SamplingParams
 
-PromptType = str | list[int]
+PromptType = str | list[int] | dict  # dicts as vLLM's TextPrompt / TokensPrompt
 
 
 class LLM:
@@ -29,6 +30,7 @@ class LLM:
         except TypeError as e:
             raise ValueError(f"Unknown engine argument: {e}") from None
         self.llm_engine = LLMEngine.from_engine_args(config, multiprocess=multiprocess)
+        self._lock = threading.Lock()  # one generate() at a time drives the engine; other threads wait their turn
 
     def get_tokenizer(self):
         return self.llm_engine.tokenizer
@@ -38,14 +40,20 @@ class LLM:
                  use_tqdm: bool = True, priority: list[int] | None = None) -> list[RequestOutput]:
         prompts = _as_prompt_list(prompts)
         params = _as_params_list(sampling_params, len(prompts))
-        priority = priority or [0] * len(prompts)
+        if priority is None:
+            priority = [0] * len(prompts)
+        elif not isinstance(priority, (list, tuple)) or len(priority) != len(prompts):
+            got = f"{len(priority)} priorities" if isinstance(priority, (list, tuple)) else repr(priority)
+            raise ValueError(f"priority must be a list with one int per prompt: got {got} for {len(prompts)} "
+                             f"prompts.")
         engine = self.llm_engine
-        # Validate everything before sending anything: a bad prompt leaves the engine untouched.
-        processed = [engine.process_inputs(engine.next_request_id(), p, sp, pr)
-                     for p, sp, pr in zip(prompts, params, priority)]
-        engine.add_processed_requests(processed)
-        request_ids = [request.request_id for _, request in processed]
-        return self._run_engine(request_ids, use_tqdm)
+        with self._lock:
+            # Validate everything before sending anything: a bad prompt leaves the engine untouched.
+            processed = [engine.process_inputs(engine.next_request_id(), p, sp, pr)
+                         for p, sp, pr in zip(prompts, params, priority)]
+            engine.add_processed_requests(processed)
+            request_ids = [request.request_id for _, request in processed]
+            return self._run_engine(request_ids, use_tqdm)
 
     def chat(self, messages: list[dict] | list[list[dict]], sampling_params=None, use_tqdm: bool = True,
              add_generation_prompt: bool = True) -> list[RequestOutput]:
@@ -53,7 +61,9 @@ class LLM:
         tokenizer = self.get_tokenizer()
         if tokenizer.chat_template is None:
             raise ValueError("This model's tokenizer has no chat template: use generate() with plain prompts.")
-        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        conversations = [messages] if messages and isinstance(messages, list) and isinstance(messages[0], dict) \
+            else messages
+        _check_conversations(conversations)
         prompts = [list(tokenizer.apply_chat_template(c, add_generation_prompt=add_generation_prompt,
                                                       tokenize=True, return_dict=False)) for c in conversations]
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
@@ -86,17 +96,36 @@ class LLM:
 
 
 def _as_prompt_list(prompts) -> list[PromptType]:
-    if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+    if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
         return [prompts]
     prompts = list(prompts)
     if not prompts:
         raise ValueError("No prompts given: pass a string, a list of strings, or lists of token ids.")
     for p in prompts:
-        if not isinstance(p, (str, list)):
-            raise ValueError(f"A prompt must be a string or a list of token ids, got {type(p).__name__}.")
+        if not isinstance(p, (str, list, dict)):
+            raise ValueError(f"A prompt must be a string, a list of token ids, or a dict with 'prompt' or "
+                             f"'prompt_token_ids', got {type(p).__name__}.")
         if len(p) == 0:
             raise ValueError("A prompt is empty: pass some text or token ids.")
     return prompts
+
+
+def _check_conversations(conversations) -> None:
+    """Each conversation is a list of {"role": str, "content": str} dicts, as the OpenAI chat format."""
+    if not isinstance(conversations, list) or not conversations:
+        raise ValueError(f"chat() takes a conversation (a list of {{'role', 'content'}} dicts) or a list of them, "
+                         f"got {type(conversations).__name__}.")
+    for conversation in conversations:
+        if not isinstance(conversation, list) or not conversation:
+            raise ValueError(f"A conversation must be a non-empty list of messages, got {conversation!r}.")
+        for i, message in enumerate(conversation):
+            if not isinstance(message, dict):
+                raise ValueError(f"Message {i} must be a dict like {{'role': 'user', 'content': 'Hello'}}, got "
+                                 f"{message!r}.")
+            for key in ("role", "content"):
+                if not isinstance(message.get(key), str):
+                    raise ValueError(f"Message {i} needs a string {key!r}: a message is "
+                                     f"{{'role': 'user', 'content': 'Hello'}}, got {message!r}.")
 
 
 def _as_params_list(sampling_params, n: int) -> list[SamplingParams]:

@@ -4,12 +4,13 @@ Greedy rows take the argmax. Random rows apply temperature, min-p, top-k and
 top-p, then draw with the exponential-race trick (argmax of probs / Exp(1)
 noise), each row's noise coming from its request's own generator, so a seeded
 request samples the same tokens whatever else shares the batch. Logprobs are
-those of the raw model distribution. Left out: penalties, bad words,
+those of the raw model distribution. Rows short of min_tokens cannot draw EOS
+or a stop id. Left out: penalties, bad words,
 logit bias, allowed-token masks.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -23,6 +24,8 @@ class SamplingMetadata:
     min_p: torch.Tensor | None  # [num_logits] float, 0 = off
     generators: list[torch.Generator]  # one per row: the request's own, or the engine's
     max_num_logprobs: int | None  # None: no row asked for logprobs
+    # (row, token ids) for rows still short of min_tokens: those ids (EOS, stop ids) get logit -inf
+    min_tokens_masks: list[tuple[int, list[int]]] = field(default_factory=list)
 
 
 @dataclass
@@ -34,10 +37,13 @@ class SamplerOutput:
 
 class Sampler:
     def __call__(self, logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
-        logits = logits.float()
+        raw = logits = logits.float()
+        if md.min_tokens_masks:
+            logits = apply_min_tokens(logits, md.min_tokens_masks)
         greedy = logits.argmax(dim=-1)  # [num_logits]
         sampled = greedy if md.all_greedy else self._sample(logits, md, greedy)
-        return SamplerOutput(sampled, self._logprobs(logits, sampled, md.max_num_logprobs))
+        # as vLLM's default logprobs_mode: logprobs of the raw model distribution, before any masking
+        return SamplerOutput(sampled, self._logprobs(raw, sampled, md.max_num_logprobs))
 
     def _sample(self, logits: torch.Tensor, md: SamplingMetadata, greedy: torch.Tensor) -> torch.Tensor:
         is_greedy = md.temperature == 0
@@ -64,6 +70,15 @@ class Sampler:
         rank = (logprobs > sampled_lp.unsqueeze(1)).sum(dim=-1) + 1
         top_lp, top_ids = logprobs.topk(k, dim=-1) if k > 0 else (logprobs[:, :0], sampled[:, None][:, :0])
         return sampled_lp, rank, top_ids, top_lp
+
+
+def apply_min_tokens(logits: torch.Tensor, masks: list[tuple[int, list[int]]]) -> torch.Tensor:
+    """A copy of logits with each listed row's stop ids at -inf (vLLM's MinTokensLogitsProcessor)."""
+    logits = logits.clone()
+    rows = torch.tensor([row for row, ids in masks for _ in ids], dtype=torch.int64, device=logits.device)
+    cols = torch.tensor([t for _, ids in masks for t in ids], dtype=torch.int64, device=logits.device)
+    logits[rows, cols] = float("-inf")
+    return logits
 
 
 def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> torch.Tensor:

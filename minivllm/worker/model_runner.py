@@ -29,6 +29,7 @@ class GPUModelRunner:
                  seed: int = 0) -> None:
         self.model, self.device, self.block_size = model, torch.device(device), block_size
         self.max_model_len = max_model_len
+        self.vocab_size = model.lm_head.out_features
         self.attn_layers: dict[str, Attention] = {m.layer_name: m for m in model.modules() if isinstance(m, Attention)}
         self.kv_caches = self._allocate_kv_cache(num_gpu_blocks, next(model.parameters()).dtype)
         impl = get_attn_impl(attention_backend)
@@ -36,6 +37,7 @@ class GPUModelRunner:
             layer.kv_cache, layer.impl = kv_cache, impl
         self.input_batch = InputBatch(max_num_reqs, max_model_len, -(-max_model_len // block_size))
         self.requests: dict[str, SamplingParams] = {}  # live requests, preempted ones included
+        self.num_prompt_tokens: dict[str, int] = {}  # so the runner knows how many outputs a request has
         self.generators: dict[str, torch.Generator] = {}
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self.sampler = Sampler()
@@ -54,11 +56,13 @@ class GPUModelRunner:
         for req_id in so.finished_req_ids:
             batch.remove_request(req_id)
             self.requests.pop(req_id, None)
+            self.num_prompt_tokens.pop(req_id, None)
             self.generators.pop(req_id, None)
         for req_id in so.preempted_req_ids:
             batch.remove_request(req_id)  # its row is gone; its sampling state stays for the recompute
         for new in so.scheduled_new_reqs:
             self.requests[new.req_id] = params = new.sampling_params
+            self.num_prompt_tokens[new.req_id] = len(new.prompt_token_ids)
             if params.seed is not None:
                 self.generators[new.req_id] = torch.Generator(device=self.device).manual_seed(params.seed)
             batch.add_request(new.req_id, new.prompt_token_ids, new.block_ids)
@@ -119,15 +123,22 @@ class GPUModelRunner:
         def column(values, default, dtype):
             return None if all(v == default for v in values) else torch.tensor(values, dtype=dtype, device=self.device)
 
-        wanted = [p.logprobs for p in params if p.logprobs is not None]
+        vocab = self.vocab_size
+        wanted = [vocab if p.logprobs == -1 else p.logprobs for p in params if p.logprobs is not None]
+        batch = self.input_batch
+        # min_tokens: until a request has that many outputs, EOS and its stop ids cannot be sampled
+        masked = [(i, sorted(t for t in p.all_stop_token_ids if t < vocab)) for i, (r, p) in enumerate(zip(req_ids, params))
+                  if p.min_tokens and p.all_stop_token_ids and
+                  batch.num_tokens_cpu[batch.req_id_to_row[r]] - self.num_prompt_tokens[r] < p.min_tokens]
         return SamplingMetadata(
             temperature=torch.tensor([p.temperature for p in params], dtype=torch.float32, device=self.device),
             all_greedy=all(p.temperature == 0 for p in params),
-            top_k=column([p.top_k for p in params], 0, torch.int64),
+            top_k=column([min(p.top_k, vocab) for p in params], 0, torch.int64),  # above the vocabulary: all of it
             top_p=column([p.top_p for p in params], 1.0, torch.float32),
             min_p=column([p.min_p for p in params], 0.0, torch.float32),
             generators=[self.generators.get(r, self.generator) for r in req_ids],
-            max_num_logprobs=max(wanted) if wanted else None)
+            max_num_logprobs=max(wanted) if wanted else None,
+            min_tokens_masks=masked)
 
     @torch.inference_mode()
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
@@ -155,6 +166,7 @@ class GPUModelRunner:
                 for j, (req_index, req_id) in enumerate(zip(b.sampling_req_indices, sampling_ids)):
                     k = self.requests[req_id].logprobs
                     if k is not None:
+                        k = self.vocab_size if k == -1 else k
                         logprobs[req_index] = [(lp[j], rank[j], list(zip(top_ids[j][:k], top_lp[j][:k])))]
         trace = None
         if self.trace_enabled:

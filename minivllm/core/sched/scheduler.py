@@ -20,9 +20,10 @@ def check_request_fits(num_prompt_tokens: int, max_tokens: int | None, max_model
     """Raise ValueError for a request that could never be served, instead of letting it wait forever."""
     if num_prompt_tokens == 0:
         raise ValueError("The prompt is empty: pass at least one token.")
-    if num_prompt_tokens > max_model_len:
-        raise ValueError(f"The prompt has {num_prompt_tokens} tokens, more than max_model_len={max_model_len}: "
-                         f"shorten the prompt or raise max_model_len.")
+    if num_prompt_tokens >= max_model_len:  # as vLLM: the prompt must leave room for one output token
+        raise ValueError(f"The prompt has {num_prompt_tokens} tokens but max_model_len={max_model_len} must hold it "
+                         f"and at least one output token: shorten the prompt below {max_model_len} tokens or raise "
+                         f"max_model_len.")
     max_len = min(num_prompt_tokens + (max_tokens or max_model_len), max_model_len)
     # The last sampled token never enters the KV cache, hence max_len - 1 slots.
     needed, available = cdiv(max(max_len - 1, num_prompt_tokens), block_size), num_gpu_blocks - 1
