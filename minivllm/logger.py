@@ -9,12 +9,14 @@ import logging
 import os
 import sys
 
+from minivllm import envs
+
 _NAME = "minivllm"
 
 
 def init_logger(prefix: str = "") -> logging.Logger:
     logger = logging.getLogger(_NAME)
-    logger.setLevel(os.environ.get("MINIVLLM_LOGGING_LEVEL", "INFO").upper())
+    logger.setLevel(envs.logging_level())
     for handler in list(logger.handlers):
         logger.removeHandler(handler)
     handler = logging.StreamHandler(sys.stderr)

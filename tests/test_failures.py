@@ -106,3 +106,120 @@ def test_a_plain_script_without_main_guard_runs_in_multiprocess_mode(tiny_llama_
                             env={**os.environ, "MINIVLLM_LOGGING_LEVEL": "ERROR"})
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip() == "tokens 3"
+
+
+def _run(script: str, *args: str, timeout: float = 180, **kw) -> subprocess.CompletedProcess:
+    """Run a script in a fresh interpreter; a hang fails the test through the timeout, never waits forever."""
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(script), *args], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "MINIVLLM_LOGGING_LEVEL": "ERROR"}, **kw)
+
+
+KILL_MID_MESSAGE = """
+    import os, signal, sys, time
+    from minivllm import LLM, SamplingParams
+    from minivllm.engine.core_client import EngineDeadError
+    llm = LLM(sys.argv[1], max_model_len=64, max_logprobs=-1)
+    engine, pid = llm.llm_engine, llm.llm_engine.info["pid"]
+    # every output token carries the whole vocabulary's logprobs: a message far larger than the pipe holds
+    engine.add_request(None, "Once upon a time", SamplingParams(max_tokens=50, logprobs=-1, ignore_eos=True))
+    wchan = f"/proc/{pid}/wchan"
+    for _ in range(300):  # until the child sits blocked in a pipe write nobody reads
+        time.sleep(0.1)
+        if os.path.exists(wchan) and "pipe_w" in open(wchan).read():  # pipe_write, anon_pipe_write, ...
+            break
+    else:
+        time.sleep(3)
+    os.kill(pid, signal.SIGKILL)
+    try:
+        while engine.has_unfinished_requests():
+            engine.step()
+    except EngineDeadError as e:
+        print("dead:", "died unexpectedly" in str(e))
+"""
+
+
+def test_child_killed_while_writing_a_large_message_is_reported_not_waited_on(tiny_llama_folder):
+    result = _run(KILL_MID_MESSAGE, str(tiny_llama_folder), timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "dead: True"
+
+
+DEAD_ENGINE_BIG_BATCH = """
+    import os, signal, sys
+    from minivllm import LLM, SamplingParams
+    from minivllm.engine.core_client import EngineDeadError
+    llm = LLM(sys.argv[1], max_model_len=512, max_num_seqs=4096)
+    os.kill(llm.llm_engine.info["pid"], signal.SIGKILL)
+    try:  # megabytes of requests for a queue nobody reads any more
+        llm.generate([list(range(10, 400))] * 3000, SamplingParams(max_tokens=1), use_tqdm=False)
+    except EngineDeadError:
+        print("raised", flush=True)
+"""
+
+
+def test_a_large_batch_to_a_dead_engine_raises_and_the_process_exits(tiny_llama_folder):
+    result = _run(DEAD_ENGINE_BIG_BATCH, str(tiny_llama_folder), timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "raised"
+
+
+CTRL_C = """
+    import sys
+    from minivllm import LLM, SamplingParams
+    llm = LLM(sys.argv[1], max_model_len=256, num_gpu_blocks_override=64)
+    print("ready", llm.llm_engine.info["pid"], flush=True)
+    try:
+        llm.generate(["Once upon a time"] * 4, SamplingParams(max_tokens=240, ignore_eos=True), use_tqdm=False)
+        print("not interrupted")
+    except KeyboardInterrupt:
+        stats = llm.llm_engine.get_stats()
+        out = llm.generate(["Once upon a time"], SamplingParams(max_tokens=3), use_tqdm=False)
+        print("interrupted", stats["num_unfinished"], stats["num_free_blocks"] == stats["num_gpu_blocks"] - 1,
+              len(out[0].outputs[0].token_ids), flush=True)
+"""
+
+
+def test_ctrl_c_in_a_terminal_interrupts_generate_and_the_engine_lives_on(tiny_llama_folder):
+    # A terminal's Ctrl-C goes to the whole foreground process group: the caller and EngineCore alike.
+    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(CTRL_C), str(tiny_llama_folder)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env={**os.environ, "MINIVLLM_LOGGING_LEVEL": "ERROR"})
+    try:
+        word, child = proc.stdout.readline().split()
+        assert word == "ready"
+        time.sleep(1.0)  # generate() is under way
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err[-2000:]
+    assert out.strip() == "interrupted 0 True 3"
+
+
+@pytest.mark.parametrize("multiprocess", [False, True], ids=["in-process", "multiprocess"])
+def test_two_threads_generating_on_one_llm_each_get_their_own_outputs(tiny_llama_folder, multiprocess):
+    import threading
+    llm = LLM(str(tiny_llama_folder), multiprocess=multiprocess, max_model_len=128, num_gpu_blocks_override=64)
+    params = SamplingParams(max_tokens=12, temperature=0)
+    prompts = {"a": ["Once upon a time", "The sea"], "b": ["Write a haiku", "1, 2, 3,", "Hello"]}
+    alone = {k: [o.outputs[0].token_ids for o in llm.generate(p, params, use_tqdm=False)] for k, p in prompts.items()}
+    results, errors = {}, []
+
+    def worker(key):
+        try:
+            for _ in range(3):
+                outs = llm.generate(prompts[key], params, use_tqdm=False)
+                results.setdefault(key, []).append([o.outputs[0].token_ids for o in outs])
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(k,), daemon=True) for k in prompts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "a generate() call hung"
+    assert not errors, errors
+    assert results == {k: [v] * 3 for k, v in alone.items()}
+    assert all_free(llm)
+    llm.shutdown()

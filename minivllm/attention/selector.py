@@ -6,11 +6,11 @@ Triton only runs through its slow interpreter).
 """
 from __future__ import annotations
 
-import os
+from minivllm import envs
 
 
 def get_attn_backend_name(requested: str | None, device: str) -> str:
-    name = requested or os.environ.get("MINIVLLM_ATTENTION_BACKEND") or ("triton" if device.startswith("cuda") else "torch")
+    name = requested or envs.attention_backend() or ("triton" if device.startswith("cuda") else "torch")
     if name not in ("torch", "triton"):
         raise ValueError(f"attention backend must be 'torch' or 'triton', got {name!r} "
                          f"(from attention_backend or MINIVLLM_ATTENTION_BACKEND)")

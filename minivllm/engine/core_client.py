@@ -19,6 +19,7 @@ import sys
 import threading
 import weakref
 
+from minivllm import envs
 from minivllm.config import EngineConfig
 from minivllm.engine import EngineCoreOutputs, EngineCoreOutputType, EngineCoreRequest, EngineCoreRequestType
 from minivllm.engine.core import EngineCore, run_engine_core
@@ -30,7 +31,7 @@ class EngineDeadError(RuntimeError):
 
 def make_client(config: EngineConfig, model_folder: str, multiprocess: bool | None = None):
     if multiprocess is None:
-        multiprocess = os.environ.get("MINIVLLM_ENABLE_V1_MULTIPROCESSING", "1") != "0"
+        multiprocess = envs.enable_v1_multiprocessing()
     return SyncMPClient(config, model_folder) if multiprocess else InprocClient(config, model_folder)
 
 

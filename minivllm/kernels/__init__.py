@@ -12,13 +12,9 @@ already imported `triton`. The kernel modules are deliberately not imported
 eagerly from here.
 """
 
-import os
+from minivllm import envs
 
-if "TRITON_INTERPRET" not in os.environ:
-    import torch
-
-    if not torch.cuda.is_available():
-        os.environ["TRITON_INTERPRET"] = "1"
+envs.use_triton_interpreter_without_gpu()
 
 
 def next_power_of_2(n: int) -> int:

