@@ -8,8 +8,13 @@ quantization, LoRA and multimodal configs.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
+
+from minivllm import envs
+from minivllm.profiler import check_profiler_config
 
 
 def _require(ok: bool, message: str) -> None:
@@ -54,14 +59,15 @@ class CacheConfig:
 
 # Each engine argument's expected type: a bool is no int and a string is no number, as in vLLM's
 # argument parsing; checked before anything is loaded so a typo never costs a model load.
-_INT, _BOOL, _STR = "an int", "True or False", "a string"
+_INT, _FLOAT, _BOOL, _STR, _DICT = "an int", "a finite number", "True or False", "a string", "a dict"
 
 
 def _check_type(name: str, value, kind: str, optional: bool = False) -> None:
     if value is None and optional:
         return
-    ok = {_INT: isinstance(value, int) and not isinstance(value, bool),
-          _BOOL: isinstance(value, bool), _STR: isinstance(value, str)}[kind]
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    ok = {_INT: number and isinstance(value, int), _FLOAT: number and math.isfinite(value),
+          _BOOL: isinstance(value, bool), _STR: isinstance(value, str), _DICT: isinstance(value, dict)}[kind]
     if not ok:
         raise ValueError(f"Engine argument {name} must be {kind}{' or None' if optional else ''}, "
                          f"got {value!r} ({type(value).__name__}).")
@@ -79,25 +85,34 @@ class EngineConfig:
     enable_chunked_prefill: bool = True
     long_prefill_token_threshold: int = 0
     num_gpu_blocks_override: int | None = None
-    kv_cache_memory_bytes: int = 512 * 2**20  # sizes the pool when no override is given
+    kv_cache_memory_bytes: int | None = None  # None: gpu_memory_utilization if given, else DEFAULT_KV_CACHE_BYTES
+    gpu_memory_utilization: float | None = None  # fraction of the memory free once the weights are loaded
+    enable_prefix_caching: bool = False
     scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
     seed: int = 0
     max_logprobs: int = 20  # as vLLM: the most alternatives a request may ask for; -1 = no limit
-    dtype: str = "float32"
-    device: str = "cpu"
-    attention_backend: str | None = None  # None: triton on a GPU, torch on the CPU
+    dtype: Literal["float32", "float16", "bfloat16"] = "float32"
+    device: Literal["cpu", "cuda"] = "cpu"
+    attention_backend: Literal["torch", "triton"] | None = None  # None: triton on a GPU, torch on the CPU
+    generation_config: str = "auto"  # "auto": the model's generation_config.json; "vllm": neutral defaults
+    tensor_parallel_size: int = 1  # one worker only: anything else is refused
+    enforce_eager: bool = False  # a no-op: minivllm never captures CUDA graphs or compiles
+    profiler_config: dict | None = None  # {"profiler": "torch", "torch_profiler_dir": ...}
 
     _TYPES = {"block_size": _INT, "max_num_batched_tokens": _INT, "max_num_seqs": _INT,
-              "enable_chunked_prefill": _BOOL, "long_prefill_token_threshold": _INT, "kv_cache_memory_bytes": _INT,
-              "scheduling_policy": _STR, "seed": _INT, "max_logprobs": _INT, "dtype": _STR, "device": _STR}
-    _OPTIONAL = {"model": _STR, "max_model_len": _INT, "num_gpu_blocks_override": _INT, "attention_backend": _STR}
+              "enable_chunked_prefill": _BOOL, "long_prefill_token_threshold": _INT, "enable_prefix_caching": _BOOL,
+              "scheduling_policy": _STR, "seed": _INT, "max_logprobs": _INT, "dtype": _STR, "device": _STR,
+              "generation_config": _STR, "tensor_parallel_size": _INT, "enforce_eager": _BOOL}
+    _OPTIONAL = {"model": _STR, "max_model_len": _INT, "num_gpu_blocks_override": _INT, "attention_backend": _STR,
+                 "kv_cache_memory_bytes": _INT, "gpu_memory_utilization": _FLOAT, "profiler_config": _DICT}
 
     def __post_init__(self) -> None:
         for name, kind in self._TYPES.items():
             _check_type(name, getattr(self, name), kind)
         for name, kind in self._OPTIONAL.items():
             _check_type(name, getattr(self, name), kind, optional=True)
-        _require(self.block_size in (8, 16, 32, 64, 128), f"block_size must be 8, 16, 32, 64 or 128, got {self.block_size}")
+        _require(self.block_size in (8, 16, 32, 64, 128),
+                 f"block_size must be 8, 16, 32, 64 or 128, got {self.block_size}")
         _require(self.max_num_batched_tokens >= 1, "max_num_batched_tokens must be >= 1")
         _require(self.max_num_seqs >= 1, "max_num_seqs must be >= 1")
         _require(self.max_model_len is None or self.max_model_len >= 1, "max_model_len must be >= 1")
@@ -106,16 +121,29 @@ class EngineConfig:
             self.num_gpu_blocks_override is None or self.num_gpu_blocks_override >= 2,
             "num_gpu_blocks_override must be >= 2 (block 0 is reserved)",
         )
-        _require(self.kv_cache_memory_bytes > 0, "kv_cache_memory_bytes must be > 0")
+        _require(self.kv_cache_memory_bytes is None or self.kv_cache_memory_bytes > 0,
+                 "kv_cache_memory_bytes must be > 0")
+        _require(self.gpu_memory_utilization is None or 0 < self.gpu_memory_utilization <= 1,
+                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        _require(not self.enable_prefix_caching, "enable_prefix_caching=True is not implemented in minivllm yet: "
+                                                 "leave it False")
+        _require(self.tensor_parallel_size == 1,
+                 f"tensor_parallel_size={self.tensor_parallel_size}: minivllm runs the model in one worker "
+                 f"process (no tensor parallelism); use 1")
         _require(self.scheduling_policy in ("fcfs", "priority"), "scheduling_policy must be 'fcfs' or 'priority'")
         _require(self.max_logprobs >= -1, "max_logprobs must be >= 0, or -1 for no limit")
-        _require(self.dtype in ("float32", "float16", "bfloat16"), f"dtype must be float32, float16 or bfloat16, got {self.dtype!r}")
+        _require(self.dtype in ("float32", "float16", "bfloat16"),
+                 f"dtype must be float32, float16 or bfloat16, got {self.dtype!r}")
         _require(self.device in ("cpu", "cuda"), f"device must be 'cpu' or 'cuda', got {self.device!r}")
         _require(self.attention_backend in (None, "torch", "triton"),
                  f"attention_backend must be 'torch' or 'triton', got {self.attention_backend!r}")
         _require(self.attention_backend != "triton" or self.block_size >= 16,
                  f"attention_backend='triton' needs block_size >= 16 (its kernel tiles a block into 16-token "
                  f"loads), got {self.block_size}: raise block_size or use attention_backend='torch'")
+        if self.profiler_config is None and envs.torch_profiler_dir():  # vLLM's older switch
+            self.profiler_config = {"profiler": "torch", "torch_profiler_dir": envs.torch_profiler_dir()}
+        if self.profiler_config is not None:
+            check_profiler_config(self.profiler_config)
 
     def scheduler_config(self, max_model_len: int) -> SchedulerConfig:
         return SchedulerConfig(
@@ -144,6 +172,7 @@ def kv_cache_bytes_per_block(hf_config, block_size: int, itemsize: int) -> int:
 
 
 _ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
+DEFAULT_KV_CACHE_BYTES = 512 * 2**20  # the pool when nothing sizes it (as vLLM's CPU backend, a fixed KV space)
 
 
 def available_memory_bytes() -> int | None:
@@ -158,21 +187,47 @@ def available_memory_bytes() -> int | None:
     return None
 
 
+def free_memory_bytes(device: str) -> int | None:
+    """Free memory on the device: torch.cuda.mem_get_info() on a GPU, MemAvailable on the CPU."""
+    if device == "cuda":
+        import torch
+        return torch.cuda.mem_get_info()[0]
+    return available_memory_bytes()
+
+
+def _kv_cache_request(config: EngineConfig, per_block: int) -> tuple[int, str]:
+    """(num_blocks, the argument that set it). Precedence as vLLM: block override, bytes, utilization."""
+    if config.num_gpu_blocks_override:
+        return config.num_gpu_blocks_override, "num_gpu_blocks_override"
+    if config.kv_cache_memory_bytes:
+        return max(2, config.kv_cache_memory_bytes // per_block), "kv_cache_memory_bytes"
+    if config.gpu_memory_utilization:
+        free = free_memory_bytes(config.device)
+        if free is None:
+            raise ValueError("gpu_memory_utilization needs the free memory, which this OS does not report "
+                             "(/proc/meminfo): set kv_cache_memory_bytes instead.")
+        return max(2, int(config.gpu_memory_utilization * free) // per_block), "gpu_memory_utilization"
+    return max(2, DEFAULT_KV_CACHE_BYTES // per_block), "kv_cache_memory_bytes"
+
+
 def resolve_sizes(config: EngineConfig, hf_config) -> tuple[int, int]:
     """(max_model_len, num_gpu_blocks) for this model; a size the machine cannot hold is a ValueError up front.
 
-    Checked on the CPU against MemAvailable before the model loads: the KV pool, plus the runner's
-    per-request rows (max_num_seqs x max_model_len token ids and block-table entries).
+    Checked on the CPU against MemAvailable: the KV pool, plus the runner's per-request rows
+    (max_num_seqs x max_model_len token ids and block-table entries). LLMEngine calls this before the
+    model loads, to fail fast; EngineCore calls it again once the weights are in memory, so that
+    gpu_memory_utilization takes its fraction of what is free after them. vLLM's fraction is of the
+    whole device, weights included; on a CPU shared with the OS that total means little, so minivllm
+    sizes only the KV cache from what is left.
     """
     max_model_len = max_model_len_for(config, hf_config)
     per_block = kv_cache_bytes_per_block(hf_config, config.block_size, _ITEMSIZE[config.dtype])
-    num_blocks = config.num_gpu_blocks_override or max(2, config.kv_cache_memory_bytes // per_block)
+    num_blocks, which = _kv_cache_request(config, per_block)
     available = available_memory_bytes() if config.device == "cpu" else None
     if available is None:
         return max_model_len, num_blocks
     gib = 2**30
     kv_bytes = num_blocks * per_block
-    which = "num_gpu_blocks_override" if config.num_gpu_blocks_override else "kv_cache_memory_bytes"
     if kv_bytes > available:
         raise ValueError(f"{which} asks for a KV cache of {num_blocks} blocks = {kv_bytes / gib:.1f} GiB, but this "
                          f"machine has {available / gib:.1f} GiB available: lower {which}.")
@@ -183,3 +238,27 @@ def resolve_sizes(config: EngineConfig, hf_config) -> tuple[int, int]:
                          f"but this machine has {available / gib:.1f} GiB available: lower max_num_seqs or "
                          f"max_model_len.")
     return max_model_len, num_blocks
+
+
+# The generation_config.json keys vLLM turns into default SamplingParams (max_new_tokens -> max_tokens).
+_SAMPLING_KEYS = {"repetition_penalty": "repetition_penalty", "temperature": "temperature", "top_k": "top_k",
+                  "top_p": "top_p", "min_p": "min_p", "max_new_tokens": "max_tokens"}
+
+
+def default_sampling_overrides(model_folder: str | Path, generation_config: str) -> dict:
+    """The sampling defaults the model asks for, as vLLM's ModelConfig.get_diff_sampling_param.
+
+    "auto" reads the model folder's generation_config.json, a folder path reads that folder's,
+    "vllm" reads nothing. Only values that differ from transformers' own defaults count.
+    """
+    if generation_config == "vllm":
+        return {}
+    folder = Path(model_folder if generation_config == "auto" else generation_config)
+    if not (folder / "generation_config.json").exists():
+        if generation_config != "auto":
+            raise ValueError(f"generation_config={generation_config!r} is neither 'auto', 'vllm' nor a folder "
+                             f"holding generation_config.json.")
+        return {}
+    from transformers import GenerationConfig
+    diff = GenerationConfig.from_pretrained(folder).to_diff_dict()
+    return {ours: diff[theirs] for theirs, ours in _SAMPLING_KEYS.items() if diff.get(theirs) is not None}

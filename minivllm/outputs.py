@@ -2,7 +2,8 @@
 
 RequestOutput/CompletionOutput are what `LLM.generate` hands the caller;
 ModelRunnerOutput is what the model runner hands the scheduler each step.
-Left out: n > 1, prompt logprobs, pooling outputs, metrics.
+With n > 1 a RequestOutput holds n CompletionOutputs, one per sample (index 0..n-1).
+Left out: pooling outputs, metrics, num_cached_tokens.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ class CompletionOutput:
     finish_reason: str | None = None  # "stop" | "length" | "abort" | None while running
     stop_reason: int | str | None = None  # the stop string or stop token id that ended it
     logprobs: list[dict[int, Logprob]] | None = None
+    cumulative_logprob: float | None = None  # sum of the sampled tokens' logprobs (when logprobs are asked for)
 
     def finished(self) -> bool:
         return self.finish_reason is not None
@@ -36,6 +38,8 @@ class RequestOutput:
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput]
     finished: bool
+    # with SamplingParams.prompt_logprobs: one entry per prompt token, None for the first (nothing predicts it)
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
 
 
 @dataclass
@@ -47,3 +51,6 @@ class ModelRunnerOutput:
     # per request, per token: (logprob, rank, [(token_id, logprob), ...]) when asked for
     logprobs: list[list[tuple[float, int, list[tuple[int, float]]]] | None] | None = None
     trace: dict | None = field(default=None, repr=False)
+    # req_id -> per prompt position 1.. (logprob, rank, [(token_id, logprob), ...]) of the prompt token there;
+    # sent once, in the step that computes the prompt's last chunk (with its first sampled token)
+    prompt_logprobs_dict: dict[str, list[tuple[float, int, list[tuple[int, float]]]]] = field(default_factory=dict)

@@ -3,7 +3,12 @@
 SamplingParams validates itself on construction, so a bad value fails where the
 user typed it, with the name of the field to change. Types are strict as in
 vLLM's msgspec struct: a bool is not an int, a string is not a bool, NaN is no
-number. Left out: beam search, guided decoding, logits processors, penalties, n > 1.
+number. Left out: beam search, guided decoding, custom logits processors, output_kind
+(the engine always reports cumulative outputs), detokenize=False.
+
+The fields that reach the sampler (penalties, logit_bias, allowed_token_ids, bad_words)
+act in vLLM's order, see minivllm/sample/sampler.py; `n` is fanned out into n child
+requests by the caller-side engine (minivllm/engine/parallel_sampling.py).
 """
 from __future__ import annotations
 
@@ -24,6 +29,13 @@ def is_number(value) -> bool:
 
 @dataclass
 class SamplingParams:
+    n: int = 1  # samples per prompt: one RequestOutput with n CompletionOutputs (refused with greedy, as vLLM)
+    # sample this many (>= n) and return the n with the highest cumulative logprob: vLLM V0's meaning, which
+    # its llm_engine_example still uses (V1 refuses best_of > 1; minivllm keeps it, on top of the n fan-out)
+    best_of: int | None = None
+    presence_penalty: float = 0.0  # in [-2, 2]: subtracted from the logit of every token already in the output
+    frequency_penalty: float = 0.0  # in [-2, 2]: subtracted once per occurrence of the token in the output
+    repetition_penalty: float = 1.0  # > 0: tokens seen in prompt or output get logit / p (if > 0) or * p
     temperature: float = 1.0  # 0 means greedy
     top_p: float = 1.0
     top_k: int = 0  # 0 (or -1) means the whole vocabulary; above the vocabulary size, the same
@@ -37,6 +49,12 @@ class SamplingParams:
     logprobs: int | None = None  # also return this many top alternatives; -1: the whole vocabulary
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False  # keep the stop string (or stop token's text) in `text`
+    prompt_logprobs: int | None = None  # per prompt token, this many top alternatives too; -1: the whole vocabulary
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit (not clamped, as vLLM's own class)
+    allowed_token_ids: list[int] | None = None  # if set, every other token's logit is -inf
+    bad_words: list[str] | None = None  # words never completed: the last token of each is masked after its prefix
+    # the token ids of each bad word (plain and with a leading space), set at submission by update_from_tokenizer
+    _bad_words_token_ids: list[list[int]] | None = field(default=None, repr=False)
     # EOS (unless ignore_eos) plus stop_token_ids: set at submission, what min_tokens masks
     _all_stop_token_ids: set[int] = field(default_factory=set, repr=False)
 
@@ -46,6 +64,10 @@ class SamplingParams:
         self.stop = list(self.stop) if isinstance(self.stop, (list, tuple)) else self.stop or []
         if isinstance(self.stop_token_ids, (list, tuple)) or self.stop_token_ids is None:
             self.stop_token_ids = list(self.stop_token_ids or [])
+        if isinstance(self.bad_words, (list, tuple)) or self.bad_words is None:
+            self.bad_words = list(dict.fromkeys(self.bad_words or []))  # as vLLM: duplicates dropped, order kept
+        if isinstance(self.allowed_token_ids, tuple):
+            self.allowed_token_ids = list(self.allowed_token_ids)
         self._verify()
         if self.top_k == -1:
             self.top_k = 0
@@ -55,6 +77,15 @@ class SamplingParams:
         def bad(name: str, want: str) -> None:
             raise ValueError(f"SamplingParams.{name} must be {want}, got {getattr(self, name)!r}.")
 
+        if not is_int(self.n) or self.n < 1:
+            bad("n", "an int >= 1")
+        if self.best_of is not None and (not is_int(self.best_of) or self.best_of < self.n):
+            bad("best_of", f"an int >= n ({self.n}) or None")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not is_number(getattr(self, name)) or not -2 <= getattr(self, name) <= 2:
+                bad(name, "a number in [-2, 2]")
+        if not is_number(self.repetition_penalty) or self.repetition_penalty <= 0:
+            bad("repetition_penalty", "a finite number > 0 (1 disables it)")
         if not is_number(self.temperature) or self.temperature < 0:
             bad("temperature", "a finite number >= 0 (0 means greedy)")
         if not is_number(self.top_p) or not 0 < self.top_p <= 1:
@@ -77,13 +108,33 @@ class SamplingParams:
             bad("stop_token_ids", "a list of token ids (ints >= 0)")
         if self.logprobs is not None and (not is_int(self.logprobs) or self.logprobs < -1):
             bad("logprobs", "an int >= 0, -1 for the whole vocabulary, or None")
+        if self.prompt_logprobs is not None and (not is_int(self.prompt_logprobs) or self.prompt_logprobs < -1):
+            bad("prompt_logprobs", "an int >= 0, -1 for the whole vocabulary, or None")
+        if self.logit_bias is not None and not (
+                isinstance(self.logit_bias, dict)
+                and all(is_int(t) and t >= 0 and is_number(b) for t, b in self.logit_bias.items())):
+            bad("logit_bias", "a dict {token id (int >= 0): bias (finite number)} or None")
+        if self.allowed_token_ids is not None and not (
+                isinstance(self.allowed_token_ids, list) and self.allowed_token_ids
+                and all(is_int(t) and t >= 0 for t in self.allowed_token_ids)):
+            bad("allowed_token_ids", "a non-empty list of token ids (ints >= 0) or None")
+        if not isinstance(self.bad_words, list) or not all(isinstance(w, str) and w.strip() for w in self.bad_words):
+            bad("bad_words", "a list of non-empty strings or None")
         for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
             if not isinstance(getattr(self, name), bool):
                 bad(name, "True or False")
+        if self.num_samples > 1 and self.greedy:  # as vLLM's _verify_greedy_sampling: n greedy samples would all be one
+            raise ValueError(f"SamplingParams.n must be 1 when using greedy sampling (temperature=0), got {self.n}: "
+                             f"set temperature > 0 for n different samples.")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def num_samples(self) -> int:
+        """How many sequences are sampled: best_of if set, else n."""
+        return self.best_of or self.n
 
     @property
     def all_stop_token_ids(self) -> set[int]:
@@ -92,7 +143,41 @@ class SamplingParams:
     def clone(self) -> "SamplingParams":
         return copy.deepcopy(self)
 
-    def update_from_tokenizer(self, eos_token_id: int | None) -> None:
+    @property
+    def bad_words_token_ids(self) -> list[list[int]] | None:
+        return self._bad_words_token_ids
+
+    @property
+    def uses_logits_processing(self) -> bool:
+        """Whether the sampler has anything to do for this request beyond temperature/top-k/top-p/min-p."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
+                    or self.logit_bias or self.allowed_token_ids is not None or self._bad_words_token_ids)
+
+    def update_from_generation_config(self, eos_token_id: int | None) -> None:
         """At submission (on the engine's own copy): EOS joins the ids that min_tokens holds back."""
         if eos_token_id is not None and not self.ignore_eos:
             self._all_stop_token_ids.add(eos_token_id)
+
+    def update_from_tokenizer(self, tokenizer, vocab_size: int | None = None) -> None:
+        """At submission: tokenize each bad word as vLLM does, alone and after a space.
+
+        The form after a space (a word in mid-text) is kept only if it is a different token
+        sequence of the same length as the plain form, as vLLM's rule. Ids past the model's
+        vocabulary are refused.
+        """
+        if not self.bad_words:
+            return
+        sequences: list[list[int]] = []
+        for word in self.bad_words:
+            plain = tokenizer.encode(word.lstrip(), add_special_tokens=False)
+            if not plain:
+                raise ValueError(f"SamplingParams.bad_words: {word!r} tokenizes to no token at all.")
+            sequences.append(list(plain))
+            spaced = tokenizer.encode(" " + word.lstrip(), add_special_tokens=False)
+            if spaced and spaced[0] != plain[0] and len(spaced) == len(plain):
+                sequences.append(list(spaced))
+        limit = vocab_size if vocab_size is not None else len(tokenizer)
+        outside = sorted({t for ids in sequences for t in ids if not 0 <= t < limit})
+        if outside:
+            raise ValueError(f"SamplingParams.bad_words tokenize to ids {outside} outside the vocabulary [0, {limit}).")
+        self._bad_words_token_ids = sequences

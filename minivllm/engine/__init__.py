@@ -47,6 +47,8 @@ class EngineCoreOutput:
     new_logprobs: list[tuple[float, int, list[tuple[int, float]]]] | None = None
     finish_reason: str | None = None  # "stop" | "length" | "abort"
     stop_reason: int | str | None = None
+    # once per request asking for prompt_logprobs: per prompt position 1.., same entries as new_logprobs
+    new_prompt_logprobs: list[tuple[float, int, list[tuple[int, float]]]] | None = None
 
     @property
     def finished(self) -> bool:

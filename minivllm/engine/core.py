@@ -19,11 +19,13 @@ import traceback
 import numpy as np
 import torch
 
+from minivllm import envs
 from minivllm.attention.selector import get_attn_backend_name
-from minivllm.config import CacheConfig, EngineConfig, resolve_sizes
+from minivllm.config import CacheConfig, EngineConfig, max_model_len_for, resolve_sizes
 from minivllm.core.sched.scheduler import Scheduler
 from minivllm.engine import EngineCoreOutputs, EngineCoreOutputType, EngineCoreRequest, EngineCoreRequestType
 from minivllm.models.loader import get_model, load_config
+from minivllm.profiler import TorchProfiler
 from minivllm.request import Request, RequestStatus
 from minivllm.worker.model_runner import GPUModelRunner
 
@@ -61,12 +63,13 @@ def set_random_seed(seed: int) -> None:
 class EngineCore:
     def __init__(self, config: EngineConfig, model_folder: str) -> None:
         set_random_seed(config.seed)
-        if config.device == "cpu" and os.environ.get("MINIVLLM_KEEP_FREED_MEMORY", "1") != "0":
+        if config.device == "cpu" and envs.keep_freed_memory():
             keep_freed_memory()
         hf_config = load_config(model_folder)
-        self.max_model_len, self.num_gpu_blocks = resolve_sizes(config, hf_config)
         dtype = _DTYPES[config.dtype]
-        model = get_model(model_folder, hf_config, self.max_model_len, dtype, config.device)
+        model = get_model(model_folder, hf_config, max_model_len_for(config, hf_config), dtype, config.device)
+        # Sized once the weights are in memory: gpu_memory_utilization is a fraction of what is left.
+        self.max_model_len, self.num_gpu_blocks = resolve_sizes(config, hf_config)
         self.block_size = config.block_size
         self.attention_backend = get_attn_backend_name(config.attention_backend, config.device)
         self.scheduler = Scheduler(config.scheduler_config(self.max_model_len),
@@ -77,6 +80,8 @@ class EngineCore:
             attention_backend=self.attention_backend,
             device=config.device, seed=config.seed)
         self.tracer = None  # set by minivllm.tracing; observes each step, changes nothing
+        self.profiler = TorchProfiler(config.profiler_config, f"EngineCore_pid{os.getpid()}") \
+            if config.profiler_config else None
         logger.info("EngineCore ready: %s, %d KV blocks of %d tokens, max_model_len=%d, %s attention",
                     type(model).__name__, self.num_gpu_blocks, config.block_size, self.max_model_len,
                     self.attention_backend)
@@ -120,6 +125,12 @@ class EngineCore:
     def get_stats(self) -> dict:
         return {"num_preemptions": self.scheduler.num_preemptions, "num_free_blocks": self.get_num_free_blocks(),
                 "num_gpu_blocks": self.num_gpu_blocks, "num_unfinished": self.scheduler.get_num_unfinished_requests()}
+
+    def profile(self, is_start: bool = True) -> None:
+        """vLLM's EngineCore.profile: start or stop the torch profiler (LLM.start_profile / stop_profile)."""
+        if self.profiler is None:
+            raise RuntimeError("profiler_config was not set when the engine started")
+        self.profiler.start() if is_start else self.profiler.stop()
 
     def enable_tracing(self) -> None:
         from minivllm.tracing.tracer import EngineTracer

