@@ -30,7 +30,7 @@ bench: setup  ## throughput: minivllm vs HF transformers, side by side
 	$(PY) benchmarks/throughput.py $(ARGS)
 
 figures: setup  ## redraw figures/ from traced runs of the real engine
-	$(PY) -m minivllm.tracing.figures --out figures
+	$(PY) -m plots --out figures
 
 notebooks: setup  ## re-execute every notebook in place (a clean restart-and-run-all per notebook)
 	cd notebooks && ../$(VENV)/bin/jupyter-execute --inplace 0*.ipynb

@@ -1,7 +1,10 @@
-"""`python -m minivllm trace`: deterministic, faithful to its JSON, and showing chunking and preemption."""
+"""`python -m minivllm trace`: deterministic, faithful to its JSON, fitted to its width, and showing chunking and
+preemption in full."""
 from __future__ import annotations
 
+import argparse
 import io
+import os
 import subprocess
 import sys
 
@@ -10,21 +13,28 @@ import pytest
 from minivllm import LLM, SamplingParams
 from minivllm.__main__ import main
 from minivllm.tracing import Trace, make_console, render_trace
-from minivllm.tracing.cli import NEIGHBOURS, run_trace
+from minivllm.tracing.cli import NEIGHBOURS, add_trace_arguments, run_trace
+from minivllm.tracing.render import clip
 
 
 def trace_args(tmp_path, name, *extra):
-    from minivllm.tracing.cli import add_trace_arguments
-    import argparse
     parser = argparse.ArgumentParser()
     add_trace_arguments(parser)
     return parser.parse_args(["--max-tokens", "8", "--neighbours", "2", "--json", str(tmp_path / name), *extra])
 
 
-def run_to_text(args) -> tuple[str, Trace]:
+def run_to_text(args, width: int = 80) -> tuple[str, Trace]:
     buffer = io.StringIO()
-    trace = run_trace(args, console=make_console(buffer))
+    trace = run_trace(args, console=make_console(buffer, width=width))
     return buffer.getvalue(), trace
+
+
+def run_cli(*args, **env) -> str:
+    """The CLI in a child process, its stdout a pipe (never a terminal)."""
+    out = subprocess.run([sys.executable, "-m", "minivllm", "trace", "--in-process", *args], capture_output=True,
+                         text=True, env={**os.environ, **env}, timeout=600)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
 
 
 @pytest.fixture(scope="module")
@@ -33,10 +43,24 @@ def default_run(tmp_path_factory):
     return run_to_text(trace_args(tmp, "a.json")), tmp
 
 
+@pytest.fixture(scope="module")
+def small_pool_run(tmp_path_factory):
+    """The README's preemption example: 6 blocks of 8 tokens, with the default --steps."""
+    tmp = tmp_path_factory.mktemp("pool")
+    args = trace_args(tmp, "d.json", "--num-blocks", "6", "--block-size", "8", "--neighbours", "3",
+                      "--max-tokens", "12", "--in-process")
+    text, _ = run_to_text(args)
+    return text, Trace.from_json(tmp / "d.json")
+
+
 def normalise(text: str) -> str:
     """Drop what legitimately differs: where the JSON went and which process EngineCore ran in."""
-    lines = [line for line in text.splitlines() if not line.startswith("trace written to")]
-    return "\n".join(lines).replace("a child process (IPC queues)", "PROCESS").replace("the caller's process", "PROCESS")
+    text = text.split("trace written to")[0]  # the last thing printed; a long path wraps
+    return text.replace("a child process (IPC queues)", "PROCESS").replace("the caller's process", "PROCESS")
+
+
+def full_step_titles(text: str) -> set[int]:
+    return {int(line.split("#")[1].split(":")[0]) for line in text.splitlines() if "EngineCore.step() #" in line}
 
 
 def test_two_runs_print_identical_output(default_run, tmp_path):
@@ -45,19 +69,16 @@ def test_two_runs_print_identical_output(default_run, tmp_path):
     assert normalise(again) == normalise(text)
 
 
-def test_json_trace_loads_back_and_agrees_with_the_printout(default_run):
+def test_json_trace_loads_back_and_agrees_with_the_printout(default_run, tokenizer):
     (text, trace), tmp = default_run
     loaded = Trace.from_json(tmp / "a.json")
     assert loaded.events == trace.events and loaded.multiprocess
     buffer = io.StringIO()
-    from transformers import AutoTokenizer
-    from minivllm.models.loader import resolve_model
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model(None))
-    render_trace(loaded, make_console(buffer), full_steps=3, decode=lambda t: tokenizer.decode([t]))
+    render_trace(loaded, make_console(buffer), decode=lambda t: tokenizer.decode([t]))
     assert text.startswith(buffer.getvalue())
     assert "SchedulerOutput (step 1)" in text and "slot_mapping" in text and "block_table[0]" in text
     final = [o for e in loaded.of_kind("outputs") for o in e["outputs"] if o["request_id"] == "0" and o["finished"]]
-    assert f"text: {final[0]['text']!r}" in text
+    assert repr(final[0]["text"]) in " ".join(text.split())  # the traced request's text, whole (wrapped)
 
 
 def test_tracing_does_not_change_the_tokens(default_run):
@@ -72,35 +93,111 @@ def test_tracing_does_not_change_the_tokens(default_run):
     assert [traced[str(i)] for i in range(3)] == [o.outputs[0].token_ids for o in plain]
 
 
+def test_quiet_steps_print_one_line_and_eventful_steps_in_full(default_run):
+    (text, trace), _ = default_run
+    eventful = {e["step"] for e in trace.of_kind("schedule") if e["scheduled_new_reqs"] or e["preempted_req_ids"]
+                or any(e["scheduled_cached_reqs"]["resumed_from_preemption"])}
+    eventful |= {e["step"] for e in trace.of_kind("update") if any(o["finish_reason"] for o in e["outputs"])}
+    assert full_step_titles(text) == eventful
+    quiet = [line for line in text.splitlines() if line.startswith("step ")]
+    assert len(quiet) == trace.summary()["steps"] - len(eventful)
+    # the step after a finish carries finished_req_ids: the runner learns of it one step late
+    finish_steps = sorted(e["step"] for e in trace.of_kind("update") if any(o["finish_reason"] for o in e["outputs"]))
+    late = [line for line in quiet if line.startswith(f"step {finish_steps[0] + 1:>3}")]
+    assert not late or "finished_req_ids=" in late[0]
+
+
+def test_steps_flag_also_prints_the_first_steps_in_full(default_run, tokenizer):
+    (_, trace), _ = default_run
+    buffer = io.StringIO()
+    render_trace(trace, make_console(buffer), full_steps=3, decode=lambda t: tokenizer.decode([t]))
+    assert {1, 2, 3} <= full_step_titles(buffer.getvalue())
+
+
 def test_small_budget_shows_the_prompt_split_over_steps(tmp_path):
-    _, trace = run_to_text(trace_args(tmp_path, "c.json", "--max-num-batched-tokens", "3", "--in-process"))
+    text, _ = run_to_text(trace_args(tmp_path, "c.json", "--max-num-batched-tokens", "3", "--in-process"))
     loaded = Trace.from_json(tmp_path / "c.json")
     chunks = [e["num_scheduled_tokens"]["0"] for e in loaded.of_kind("schedule")
               if "0" in e["num_scheduled_tokens"]][:2]
     assert chunks == [3, 1]  # "Once upon a time" is 4 tokens: 3 now, 1 next step
     assert loaded.of_kind("execute")[0]["sampled"].get("0") is None  # a partial prefill samples nothing
+    assert "0 admitted from WAITING: 3 of 4 prompt tokens (a chunk)" in text
+    assert "0 prefill chunk: prompt tokens 3..3 of 4" in text
+    assert {1, 2} <= full_step_titles(text)
 
 
-def test_small_pool_shows_preemption_and_recompute(tmp_path):
-    text, _ = run_to_text(trace_args(tmp_path, "d.json", "--num-blocks", "4", "--block-size", "8",
-                                     "--in-process", "--max-tokens", "12"))
-    loaded = Trace.from_json(tmp_path / "d.json")
-    preempted = [e for e in loaded.of_kind("schedule") if e["preempted_req_ids"]]
-    assert preempted, "a 3-block pool must preempt"
-    resumed = [e for e in loaded.of_kind("schedule") if any(e["scheduled_cached_reqs"]["resumed_from_preemption"])]
-    assert resumed and resumed[0]["step"] > preempted[0]["step"]
-    assert "PREEMPTED" in text or "resumed" in text
-    assert loaded.summary()["preemptions"] >= 1
+def test_small_pool_prints_preemption_and_resume_steps_in_full(small_pool_run):
+    text, trace = small_pool_run
+    preempted = [e for e in trace.of_kind("schedule") if e["preempted_req_ids"]]
+    resumed = [e for e in trace.of_kind("schedule") if any(e["scheduled_cached_reqs"]["resumed_from_preemption"])]
+    assert preempted and resumed and resumed[0]["step"] > preempted[0]["step"]
+    assert {e["step"] for e in preempted + resumed} <= full_step_titles(text)
+    for e in preempted:  # the victim prepended: the WAITING order printed is the queue's, head first
+        assert f"preempted_req_ids=[{', '.join(e['preempted_req_ids'])}]" in text
+        assert f"WAITING (next first) [{', '.join(e['waiting'])}]" in text
+        assert e["waiting"][0] in e["preempted_req_ids"]
+    victim = preempted[0]["preempted_req_ids"][0]
+    assert f"{victim} preempted: blocks freed, num_computed_tokens=0, prepended to WAITING" in text
+    assert any(line.startswith(f"| {victim} ") and "| resumed |" in line for line in text.splitlines())
+    assert trace.summary()["preemptions"] >= 1
+
+
+def test_width_flag_keeps_every_line_within_80_columns(capsys):
+    assert main(["trace", "--in-process", "--width", "80", "--max-tokens", "4", "--neighbours", "2",
+                 "--max-num-batched-tokens", "8"]) == 0
+    text = capsys.readouterr().out
+    assert max(len(line) for line in text.splitlines()) <= 80
+    assert "(a chunk)" in text and "EngineCore.step() #2" in text
+
+
+def test_columns_80_without_a_terminal_keeps_every_line_within_80():
+    text = run_cli("--max-tokens", "4", "--neighbours", "2", COLUMNS="80")
+    widths = [len(line) for line in text.splitlines()]
+    assert max(widths) == 80 and widths[0] == 80  # the first rule spans the width it was given
+
+
+def test_width_120_output_is_deterministic(tmp_path, tokenizer, capsys):
+    assert main(["trace", "--in-process", "--width", "120", "--max-tokens", "4", "--neighbours", "2",
+                 "--json", str(tmp_path / "w.json")]) == 0
+    text = capsys.readouterr().out
+    lines = text.splitlines()
+    assert max(map(len, lines)) == 120
+    assert "num_computed_tokens" in text  # wide enough to spell out vLLM's field names in the table
+    buffer = io.StringIO()
+    render_trace(Trace.from_json(tmp_path / "w.json"), make_console(buffer, width=120), focus="0",
+                 decode=lambda t: tokenizer.decode([t]))
+    assert normalise(text) == normalise(buffer.getvalue())
+
+
+def test_cut_text_ends_with_an_ellipsis(small_pool_run, tokenizer):
+    assert clip(" the cache needs to", 16) == "' the cache'…"
+    assert clip("short", 16) == "'short'"
+    _, trace = small_pool_run
+    buffer = io.StringIO()
+    render_trace(trace, make_console(buffer, width=40), decode=lambda t: tokenizer.decode([t]))
+    lines = buffer.getvalue().splitlines()
+    assert max(map(len, lines)) <= 40
+    texts = {o["request_id"]: o["text"] for e in trace.of_kind("outputs") for o in e["outputs"] if o["finished"]}
+    shown = [line.split("text=", 1)[1] for line in lines if "text=" in line]
+    assert len(shown) == len(texts)
+    for printed, full in zip(shown, [texts[o["request_id"]] for e in trace.of_kind("outputs")
+                                     for o in e["outputs"] if o["finished"]]):
+        if printed != repr(full):  # never cut silently: a cut ends with "'…" and is a prefix of the text
+            assert printed.endswith("'…") and repr(full).startswith(printed[:-2])
 
 
 def test_help_explains_every_option():
     out = subprocess.run([sys.executable, "-m", "minivllm", "trace", "--help"], capture_output=True, text=True)
     assert out.returncode == 0
     for flag in ("--prompt", "--max-tokens", "--neighbours", "--max-num-batched-tokens", "--num-blocks",
-                 "--block-size", "--steps", "--json", "--model"):
+                 "--block-size", "--steps", "--width", "--json", "--model"):
         assert flag in out.stdout
+    assert "first N steps in full" in " ".join(out.stdout.split())
 
 
 def test_bad_option_value_is_a_clear_error(capsys):
     assert main(["trace", "--block-size", "7", "--in-process"]) == 2
     assert "block_size" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["trace", "--width", "20"])
+    assert "too narrow" in capsys.readouterr().err

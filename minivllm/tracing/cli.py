@@ -4,10 +4,15 @@ The focus request ("Once upon a time" by default) runs with a few neighbours
 so continuous batching shows: they finish at different steps, their blocks go
 back to the pool, and a request that waited for a slot is admitted mid-run.
 All requests are submitted in one message, so every run prints the same trace.
+The steps where something happens (an admission, a preemption, a resume, a
+finish, a prefill chunk of the focus request) print in full, the others one
+line each; the width follows the terminal unless --width fixes it.
 """
 from __future__ import annotations
 
 import argparse
+
+from minivllm.tracing.render import MIN_WIDTH, WIDTH
 
 NEIGHBOURS = [
     ("The capital of France is", 6),
@@ -31,10 +36,25 @@ def add_trace_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-blocks", type=int, default=None,
                    help="KV blocks in the pool, block 0 included; make it small (e.g. 6) to watch preemption")
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default: 16)")
-    p.add_argument("--steps", type=int, default=3, help="print this many steps in full, then one line per step")
+    p.add_argument("--steps", type=int, default=0, metavar="N",
+                   help="also print the first N steps in full (default: %(default)s); steps that admit, preempt, "
+                        "resume or finish a request, or run a prefill chunk of the traced one, always print in "
+                        "full, every other step prints one line")
+    p.add_argument("--width", type=_width, default=None, metavar="N",
+                   help=f"print N columns wide, for output that reads the same anywhere (default: $COLUMNS or the "
+                        f"terminal's width, {WIDTH} when not printing to a terminal; at least {MIN_WIDTH})")
     p.add_argument("--json", metavar="FILE", help="also write the whole trace, machine-readable, to FILE")
     p.add_argument("--model", default=None, help="model folder, .gguf file or cached hub id (default: SmolLM2-135M)")
     p.add_argument("--in-process", action="store_true", help="run EngineCore in this process instead of a child")
+
+
+def _width(value: str) -> int:
+    if not value.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a number of columns, got {value!r}")
+    width = int(value)
+    if width < MIN_WIDTH:
+        raise argparse.ArgumentTypeError(f"{width} columns is too narrow: give at least {MIN_WIDTH}")
+    return width
 
 
 def run_traced(llm, requests: list[tuple]):
@@ -52,9 +72,9 @@ def run_traced(llm, requests: list[tuple]):
 
 def run_trace(args: argparse.Namespace, console=None):
     from minivllm import LLM, SamplingParams
-    from minivllm.tracing.render import make_console, render_trace
+    from minivllm.tracing.render import make_console, render_trace, terminal_width
 
-    console = console or make_console()
+    console = console or make_console(width=getattr(args, "width", None) or terminal_width())
     llm = LLM(args.model, block_size=args.block_size, max_num_batched_tokens=args.max_num_batched_tokens,
               max_num_seqs=args.max_num_seqs, num_gpu_blocks_override=args.num_blocks,
               max_model_len=2048, multiprocess=not args.in_process)

@@ -1,13 +1,19 @@
 """Print a Trace: one console factory so the terminal, notebooks and tests show the same characters.
 
-`make_console` gives plain text at a fixed width whenever output is not a
-terminal (and never Jupyter widgets), so nbval and tests can compare it.
-`render_trace` prints the first steps in full (SchedulerOutput, the packed
-batch, what attention pulled, sampling, the update) and later steps one line each.
+`make_console` gives plain text at a fixed width (80 unless told) and never
+Jupyter widgets, so nbval and tests can compare it; `terminal_width` is what
+`make trace` passes instead when it prints to a terminal. Every line is
+wrapped to the console's width with a hanging indent, and a text that must
+fit one line is cut with a visible "…", never silently. `render_trace` prints
+in full each step where something happens (an admission, a preemption, a
+resume, a finish, a prefill chunk of the followed request) and one line for
+every other step.
 """
 from __future__ import annotations
 
+import shutil
 import sys
+import textwrap
 from typing import Callable
 
 from rich import box
@@ -16,7 +22,15 @@ from rich.table import Table
 
 from minivllm.tracing.tracer import Trace
 
-WIDTH = 120
+WIDTH = 80       # notebooks, tests and piped output: the width a reader has beside the article
+MIN_WIDTH = 40   # below this no layout stays readable
+WIDE = 100       # from here on, tables spell out vLLM's field names
+NBSP = "\xa0"    # textwrap never breaks here: keeps "0:' the'" or "block_table[3, 1]" on one line
+
+
+def terminal_width(default: int = WIDTH) -> int:
+    """$COLUMNS if set, else the terminal's width, else `default` (output piped or captured)."""
+    return max(MIN_WIDTH, shutil.get_terminal_size((default, 24)).columns)
 
 
 def make_console(file=None, width: int = WIDTH) -> Console:
@@ -27,138 +41,214 @@ def make_console(file=None, width: int = WIDTH) -> Console:
                    emoji=False, markup=False)
 
 
+def atom(text: str) -> str:
+    """Glue a piece so wrapping never splits it."""
+    return text.replace(" ", NBSP)
+
+
+def put(console: Console, head: str, body: str = "") -> None:
+    """Print head + body wrapped at the console width, continuation lines indented under the body.
+
+    E.g. at width 30: put(c, "  slot_mapping = ", "[16, 17, 18, 19, 32, 33]") prints
+    "  slot_mapping = [16, 17, 18," then "                 19, 32, 33]".
+    """
+    hang = len(head) if len(head) <= console.width // 2 else 4
+    lines = textwrap.wrap(head + body, console.width, subsequent_indent=" " * hang, break_on_hyphens=False)
+    for line in lines or [""]:
+        console.print(line.replace(NBSP, " "))
+
+
 def fmt_list(values, limit: int = 20) -> str:
+    """[1, 2, 3] in full up to `limit` items, else the head, "…", the tail and the count."""
     values = list(values)
     if len(values) <= limit:
         return "[" + ", ".join(map(str, values)) + "]"
     head, tail = values[:limit - 4], values[-3:]
-    return "[" + ", ".join(map(str, head)) + ", ..., " + ", ".join(map(str, tail)) + f"] (n={len(values)})"
+    return "[" + ", ".join(map(str, head)) + ", …, " + ", ".join(map(str, tail)) + f"] (n={len(values)})"
+
+
+def clip(text: str, room: int) -> str:
+    """repr(text) in at most `room` characters: if it does not fit, cut at a word and mark the cut.
+
+    E.g. clip(" the cache needs to", 16) -> "' the cache'…" (the quote closes where the text was cut).
+    """
+    if len(repr(text)) <= room:
+        return repr(text)
+    keep = text
+    while keep and len(repr(keep)) + 1 > room:
+        keep = keep[:-1]
+    space = keep.rfind(" ")
+    if space > len(keep) // 2:
+        keep = keep[:space]
+    return repr(keep) + "…"
+
+
+def queues(waiting, running) -> str:
+    return f"WAITING (next first) {fmt_list(waiting)}  RUNNING {fmt_list(running)}"
 
 
 def render_scheduler_output(event: dict, console: Console) -> None:
     """The SchedulerOutput of one step, plus the queues and free blocks right after schedule()."""
-    table = Table(title=f"SchedulerOutput (step {event['step']})", box=box.ASCII, title_justify="left")
-    for col in ("kind", "req_id", "num_computed_tokens", "num_scheduled_tokens", "block_ids"):
-        table.add_column(col)
+    wide = console.width >= WIDE
+    put(console, f"SchedulerOutput (step {event['step']})")
+    table = Table(box=box.ASCII)
+    for col in ("req_id", "kind", "num_computed_tokens" if wide else "computed",
+                "num_scheduled_tokens" if wide else "scheduled", "block_ids"):
+        table.add_column(col, justify="right" if col[0] in "cns" else "left", overflow="fold")
     nst = event["num_scheduled_tokens"]
     for new in event["scheduled_new_reqs"]:
-        table.add_row("new", new["req_id"], str(new["num_computed_tokens"]), str(nst[new["req_id"]]),
+        table.add_row(new["req_id"], "new", str(new["num_computed_tokens"]), str(nst[new["req_id"]]),
                       fmt_list(new["block_ids"], 12))
     cached = event["scheduled_cached_reqs"]
     for i, req_id in enumerate(cached["req_ids"]):
-        kind = "cached (resumed)" if cached["resumed_from_preemption"][i] else "cached"
-        table.add_row(kind, req_id, str(cached["num_computed_tokens"][i]), str(nst[req_id]),
-                      "+" + fmt_list(cached["new_block_ids"][i], 12))
+        table.add_row(req_id, "resumed" if cached["resumed_from_preemption"][i] else "cached",
+                      str(cached["num_computed_tokens"][i]), str(nst[req_id]), "+" + fmt_list(cached["new_block_ids"][i], 12))
     console.print(table)
-    console.print(f"total_num_scheduled_tokens={event['total_num_scheduled_tokens']}  "
-                  f"finished_req_ids={fmt_list(event['finished_req_ids'])}  "
-                  f"preempted_req_ids={fmt_list(event['preempted_req_ids'])}")
-    console.print(f"WAITING {fmt_list(event['waiting'])}  RUNNING {fmt_list(event['running'])}  "
-                  f"free blocks {event['num_free_blocks']}")
+    if not wide:
+        put(console, "  computed: num_computed_tokens before the step; scheduled: num_scheduled_tokens")
+    put(console, "", f"total_num_scheduled_tokens={event['total_num_scheduled_tokens']}  "
+                     f"finished_req_ids={atom(fmt_list(event['finished_req_ids']))}  "
+                     f"preempted_req_ids={atom(fmt_list(event['preempted_req_ids']))}")
+    put(console, "after schedule(): ", f"{queues(event['waiting'], event['running'])}  "
+                                       f"free blocks {event['num_free_blocks']}")
 
 
 def render_batch(event: dict, console: Console) -> None:
     """The packed batch of one step: every array on the one token dimension, and each block_table row."""
     b = event["batch"]
     step = f" (step {event['step']})" if "step" in event else ""
-    console.print(f"packed batch{step}: req_ids={fmt_list(b['req_ids'])}")
+    put(console, f"packed batch{step}: ", f"req_ids={fmt_list(b['req_ids'])}")
     for name in ("input_ids", "positions", "num_scheduled_tokens", "query_start_loc", "seq_lens", "slot_mapping",
                  "logits_indices"):
-        console.print(f"  {name:<21}= {fmt_list(b[name])}")
+        put(console, f"  {name:<21}= ", fmt_list(b[name]))
     for req_id, row in zip(b["req_ids"], b["block_table"]):
-        console.print(f"  block_table[{req_id}]".ljust(24) + f"= {fmt_list(row, 16)}")
+        put(console, f"  block_table[{req_id}]".ljust(23) + "= ", fmt_list(row, 16))
     a = event.get("attention")
     if a:
-        console.print(f"  {a['layer_name']} pulled from forward_context: attn_metadata(num_actual_tokens="
-                      f"{a['num_actual_tokens']}, max_query_len={a['max_query_len']}, max_seq_len={a['max_seq_len']}, "
-                      f"block_table{a['block_table_shape']}), kv_cache{a['kv_cache_shape']}, "
-                      f"slot_mapping[{a['slot_mapping_len']}]")
+        put(console, f"  {a['layer_name']} pulled from forward_context:")
+        put(console, "    ", f"attn_metadata(num_actual_tokens={a['num_actual_tokens']}, "
+                             f"max_query_len={a['max_query_len']}, max_seq_len={a['max_seq_len']}, "
+                             f"{atom('block_table' + str(a['block_table_shape']))}), "
+                             f"{atom('kv_cache' + str(a['kv_cache_shape']))}, slot_mapping[{a['slot_mapping_len']}]")
 
 
 def render_update(execute: dict | None, update: dict, console: Console, decode: Callable) -> None:
     if execute is not None:
-        rows = dict(zip(execute["batch"]["req_ids"], range(len(execute["batch"]["req_ids"]))))
-        picks = [f"{r}: row {execute['batch']['query_start_loc'][rows[r] + 1] - 1} -> {t} {decode(t)!r}"
+        rows = {r: i for i, r in enumerate(execute["batch"]["req_ids"])}
+        picks = [atom(f"{r}: row {execute['batch']['query_start_loc'][rows[r] + 1] - 1} -> {t} {decode(t)!r}")
                  for r, t in execute["sampled"].items()]
-        console.print("sample: logits_indices -> sampled_token_ids: " + ("; ".join(picks) or "nothing (partial prefill)"))
+        put(console, "sample: logits_indices -> sampled_token_ids: ", "; ".join(picks) or "nothing (partial prefill)")
     for out in update["outputs"]:
         if out["finish_reason"]:
             reason = out["finish_reason"] + (f" ({out['stop_reason']!r})" if out["stop_reason"] is not None else "")
-            console.print(f"update: {out['request_id']} finished: {reason}; blocks "
-                          f"{fmt_list(update['freed'].get(out['request_id'], []))} returned to the pool")
-    console.print(f"update_from_output: free blocks {update['num_free_blocks']}, RUNNING {fmt_list(update['running'])}, "
-                  f"WAITING {fmt_list(update['waiting'])}")
+            put(console, "update: ", f"{out['request_id']} finished: {reason}; blocks "
+                                     f"{atom(fmt_list(update['freed'].get(out['request_id'], [])))} returned to the pool")
+    put(console, "update_from_output: ", f"free blocks {update['num_free_blocks']}  "
+                                         f"{queues(update['waiting'], update['running'])}")
+
+
+def happenings(sched: dict, update: dict, focus: str, prompt_lens: dict[str, int]) -> list[str]:
+    """What this step did to the queues or to the followed request; empty for a plain decode step."""
+    nst, notes = sched["num_scheduled_tokens"], []
+    for new in sched["scheduled_new_reqs"]:
+        hit, n, total = new["num_computed_tokens"], nst[new["req_id"]], new["num_prompt_tokens"]
+        part = f"all {total} prompt tokens" if n == total else f"{n} of {total} prompt tokens"
+        part += f" after {hit} found in the prefix cache" if hit else ""
+        part += " (a chunk)" if hit + n < total else ""
+        notes.append(f"{new['req_id']} admitted from WAITING: {part}")
+    cached = sched["scheduled_cached_reqs"]
+    computed = dict(zip(cached["req_ids"], cached["num_computed_tokens"]))
+    computed.update({new["req_id"]: new["num_computed_tokens"] for new in sched["scheduled_new_reqs"]})
+    for req_id, resumed in zip(cached["req_ids"], cached["resumed_from_preemption"]):
+        if resumed:
+            notes.append(f"{req_id} resumed from WAITING: recomputes {nst[req_id]} tokens from "
+                         f"num_computed_tokens={computed[req_id]}")
+    for req_id in sched["preempted_req_ids"]:
+        notes.append(f"{req_id} preempted: blocks freed, num_computed_tokens=0, prepended to WAITING")
+    admitted = {n["req_id"] for n in sched["scheduled_new_reqs"]}
+    admitted.update(r for r, resumed in zip(cached["req_ids"], cached["resumed_from_preemption"]) if resumed)
+    if focus in nst and focus not in admitted and computed[focus] < prompt_lens.get(focus, 0):
+        start = computed[focus]
+        notes.append(f"{focus} prefill chunk: prompt tokens {start}..{start + nst[focus] - 1} of {prompt_lens[focus]}")
+    for out in update["outputs"]:
+        if out["finish_reason"]:
+            notes.append(f"{out['request_id']} finished ({out['finish_reason']})")
+    return notes
 
 
 def step_line(sched: dict, update: dict, decode: Callable) -> str:
-    tokens = ", ".join(f"{o['request_id']}:{decode(o['new_token_ids'][0])!r}" for o in update["outputs"]
-                       if o["new_token_ids"])
-    ends = [f"{o['request_id']} {o['finish_reason']}" for o in update["outputs"] if o["finish_reason"]]
-    line = (f"step {sched['step']:>3}  scheduled {sched['num_scheduled_tokens']}  free {sched['num_free_blocks']}"
-            f"  tokens {tokens}")
-    if sched["preempted_req_ids"]:
-        line += f"  PREEMPTED {fmt_list(sched['preempted_req_ids'])}"
-    cached = sched["scheduled_cached_reqs"]
-    resumed = [r for r, flag in zip(cached["req_ids"], cached["resumed_from_preemption"]) if flag]
-    if resumed:
-        line += f"  RESUMED (recompute) {fmt_list(resumed)}"
-    return line + (f"  finished {', '.join(ends)}" if ends else "")
+    """One step in a line: request:token sampled (a prefill chunk shows its size), free blocks after it."""
+    sampled = {o["request_id"]: o["new_token_ids"] for o in update["outputs"] if o["new_token_ids"]}
+    parts = []
+    for req_id, n in sched["num_scheduled_tokens"].items():
+        chunk = f"[{n} tokens]" if n > 1 else ""
+        token = f"{decode(sampled[req_id][0])!r}" if req_id in sampled else ""
+        parts.append(atom(f"{req_id}:{chunk}{'->' if chunk and token else ''}{token}"))
+    line = "  ".join(parts) + f"  free {update['num_free_blocks']}"
+    if sched["finished_req_ids"]:
+        line += f"  finished_req_ids={atom(fmt_list(sched['finished_req_ids']))}"
+    return line
 
 
-def render_trace(trace: Trace, console: Console, full_steps: int = 3, focus: str | None = None,
+def render_trace(trace: Trace, console: Console, full_steps: int = 0, focus: str | None = None,
                  decode: Callable[[int], str] = str) -> None:
-    info = trace.info
+    """Print the trace: each eventful step in full (and the first `full_steps` steps), the rest one line each."""
+    info, w = trace.info, console.width
     if focus is None:  # the first request submitted is the one the trace follows
         focus = next((e["request_id"] for e in trace.of_kind("submit")), "0")
+    prompt_lens = {e["request_id"]: len(e["prompt_token_ids"]) for e in trace.of_kind("submit")}
+    prompt_lens.update({e["request_id"]: e["num_prompt_tokens"] for e in trace.of_kind("arrival")})
     where = "a child process (IPC queues)" if trace.multiprocess else "the caller's process"
     console.rule("minivllm trace")
-    console.print(f"EngineCore runs in {where}")
-    console.print(f"{info['num_gpu_blocks']} KV blocks of {info['block_size']} tokens (block 0 reserved), "
-                  f"max_model_len={info['max_model_len']}, {info['attention_backend']} attention")
-    events = trace.events
+    put(console, "", f"EngineCore runs in {where}")
+    put(console, "", f"{info['num_gpu_blocks']} KV blocks of {info['block_size']} tokens (block 0 reserved), "
+                     f"max_model_len={info['max_model_len']}, {info['attention_backend']} attention")
+    put(console, "", f"Following request {focus}. A step that admits, preempts, resumes or finishes a request, or "
+                     f"runs a prefill chunk of {focus}, prints in full; any other prints one line: "
+                     f"request:sampled token, free blocks.")
     by_step: dict[int, dict] = {}
-    for e in events:
+    for e in trace.events:
         if "step" in e:
             by_step.setdefault(e["step"], {})[e["kind"]] = e
-    shown_line_header = False
-    for e in events:
+    for e in trace.events:
         kind = e["kind"]
         if kind == "submit":
-            console.print(f"[caller]     add_request({e['request_id']}): {len(e['prompt_token_ids'])} prompt tokens "
-                          f"{fmt_list(e['prompt_token_ids'], 12)} -> EngineCoreRequest on the input queue")
+            put(console, "[caller]     ", f"add_request({e['request_id']}): {len(e['prompt_token_ids'])} prompt tokens "
+                                          f"{fmt_list(e['prompt_token_ids'], 12)} -> EngineCoreRequest on the input queue")
         elif kind == "arrival":
-            console.print(f"[EngineCore] scheduler.add_request({e['request_id']}) -> WAITING {fmt_list(e['waiting'])}")
+            put(console, "[EngineCore] ", f"scheduler.add_request({e['request_id']}) -> WAITING {fmt_list(e['waiting'])}")
         elif kind == "abort":
-            console.print(f"[EngineCore] abort_requests({fmt_list(e['request_ids'])}): blocks returned, "
-                          f"free {e['num_free_blocks']}")
+            put(console, "[EngineCore] ", f"abort_requests({fmt_list(e['request_ids'])}): blocks returned, "
+                                          f"free {e['num_free_blocks']}")
         elif kind == "schedule":
             step = by_step[e["step"]]
             if "update" not in step:
                 continue
-            if e["step"] <= full_steps:
+            notes = happenings(e, step["update"], focus, prompt_lens)
+            if notes or e["step"] <= full_steps:
                 console.rule(f"EngineCore.step() #{e['step']}: schedule -> execute_model -> update_from_output")
+                for note in notes:
+                    put(console, "  * ", note)
                 render_scheduler_output(e, console)
                 if "execute" in step:
                     render_batch(step["execute"], console)
                 render_update(step.get("execute"), step["update"], console, decode)
             else:
-                if not shown_line_header:
-                    console.rule("later steps, one line each")
-                    shown_line_header = True
-                console.print(step_line(e, step["update"], decode))
-        elif kind == "outputs" and any(o["finished"] for o in e["outputs"]):
+                put(console, f"step {e['step']:>3}  ", step_line(e, step["update"], decode))
+        elif kind == "outputs":
             for o in e["outputs"]:
                 if o["finished"]:
-                    console.print(f"[caller]     RequestOutput({o['request_id']}) finished="
-                                  f"{o['finish_reason']}: {len(o['token_ids'])} tokens, text {o['text'][:60]!r}")
+                    put(console, "[caller]     ", f"RequestOutput({o['request_id']}) finished={o['finish_reason']}: "
+                                                  f"{len(o['token_ids'])} tokens")
+                    put(console, " " * 13, "text=" + atom(clip(o["text"], max(16, w - 18))))
     final = [o for e in trace.of_kind("outputs") for o in e["outputs"] if o["request_id"] == focus and o["finished"]]
     console.rule(f"request {focus}")
     prompt = next((e["prompt"] for e in trace.of_kind("submit") if e["request_id"] == focus), None)
     if prompt is not None:
-        console.print(f"prompt: {prompt!r}")
+        put(console, "prompt: ", repr(prompt))
     if final:
-        console.print(f"text: {final[-1]['text']!r}")
+        put(console, "text: ", repr(final[-1]["text"]))
     s = trace.summary()
-    console.print(f"summary: {s['steps']} steps, {s['scheduled_tokens']} tokens scheduled, {s['generated_tokens']} "
-                  f"generated, {s['preemptions']} preemptions, peak {s['peak_blocks']} of {s['num_gpu_blocks'] - 1} "
-                  f"blocks in use")
+    put(console, "summary: ", f"{s['steps']} steps, {s['scheduled_tokens']} tokens scheduled, {s['generated_tokens']} "
+                              f"generated, {s['preemptions']} preemptions, peak {s['peak_blocks']} of "
+                              f"{s['num_gpu_blocks'] - 1} blocks in use")

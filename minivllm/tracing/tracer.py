@@ -136,6 +136,57 @@ class Trace:
     def of_kind(self, kind: str) -> list[dict[str, Any]]:
         return [e for e in self.events if e["kind"] == kind]
 
+    # Read-only views over the recorded events (the figures and tests ask these questions).
+    def by_step(self) -> dict[int, dict[str, dict]]:
+        """{step: {"schedule": ..., "execute": ..., "update": ...}} for every step the engine ran."""
+        out: dict[int, dict[str, dict]] = {}
+        for e in self.events:
+            if "step" in e:
+                out.setdefault(e["step"], {})[e["kind"]] = e
+        return out
+
+    def num_prompt_tokens(self) -> dict[str, int]:
+        """{request_id: prompt length}, in arrival order."""
+        return {e["request_id"]: e["num_prompt_tokens"] for e in self.of_kind("arrival")}
+
+    def preempted_at(self, request_id: str) -> list[int]:
+        """Steps whose schedule() preempted the request (notebook 02's 6-block pool: request "2" at [6])."""
+        return [e["step"] for e in self.of_kind("schedule") if request_id in e["preempted_req_ids"]]
+
+    def resumed_at(self, request_id: str) -> list[int]:
+        """Steps that scheduled the request again after a preemption (resumed_from_preemption; notebook 02: [13])."""
+        cached = [(e["step"], e["scheduled_cached_reqs"]) for e in self.of_kind("schedule")]
+        return [step for step, c in cached
+                for r, resumed in zip(c["req_ids"], c["resumed_from_preemption"]) if r == request_id and resumed]
+
+    def finished_at(self, request_id: str) -> int | None:
+        """The step whose update_from_output finished the request, or None."""
+        return next((e["step"] for e in self.of_kind("update")
+                     for o in e["outputs"] if o["request_id"] == request_id and o["finish_reason"]), None)
+
+    def block_owners(self, step: int) -> dict[int, str]:
+        """{block id: request id} for the blocks of every request scheduled in `step`, right after schedule()."""
+        tables = self.by_step()[step]["schedule"]["block_tables"]
+        return {block: r for r, blocks in tables.items() for block in blocks}
+
+    def num_computed_tokens(self) -> dict[str, dict[int, int]]:
+        """{request_id: {step: num_computed_tokens after that step}}; 0 from a preemption until it resumes."""
+        state: dict[str, int] = {}
+        out: dict[str, dict[int, int]] = {}
+        for step, ev in sorted(self.by_step().items()):
+            sched, cached = ev["schedule"], ev["schedule"]["scheduled_cached_reqs"]
+            state.update({r: 0 for r in sched["preempted_req_ids"]})
+            state.update({n["req_id"]: n["num_computed_tokens"] for n in sched["scheduled_new_reqs"]})
+            state.update(zip(cached["req_ids"], cached["num_computed_tokens"]))
+            for r, n in sched["num_scheduled_tokens"].items():
+                state[r] += n
+            for r, v in state.items():
+                out.setdefault(r, {})[step] = v
+            for o in ev.get("update", {}).get("outputs", []):
+                if o["finish_reason"]:
+                    state.pop(o["request_id"], None)
+        return out
+
     def summary(self) -> dict[str, Any]:
         schedules = self.of_kind("schedule")
         usable = self.info["num_gpu_blocks"] - 1
