@@ -6,15 +6,6 @@ shared library under MINIVLLM_CACHE_DIR/ops/, keyed by the source, the flags and
 wrapper checks dtypes and layouts, then hands raw pointers to C; the library runs on torch's own
 OpenMP thread pool (the same libgomp), so `torch.set_num_threads` governs it too.
 
-Never load a library we did not build: loading runs its constructors, so a file planted at the
-predictable cache path would run as the user. The cache dir and ops/ are created 0o700 and refused
-(warning, PyTorch path) when another user owns them or group/others may write them; the same holds
-for the library and its sidecar. After each build a sha256 of the library is written (atomically)
-next to it, `<name>.so.sha256`; a library whose bytes do not match is never dlopen-ed but rebuilt
-in place. Trusted: the folders above the cache dir, and the user's own processes (only they can
-write ops/, so only they could swap the file between hashing and dlopen, or rewrite the sidecar).
-Not dlopen-ed through /proc/self/fd: glibc matches an already-loaded library by that name.
-
 Without a compiler, with MINIVLLM_CPU_KERNELS=0, or on any failure to load (a refused folder, a
 dlopen error, a missing symbol), `available()` is False (logged once) and every caller keeps its
 PyTorch path, which the tests use as the reference. Left out: CUDA, bf16/fp16, fp8.
@@ -22,150 +13,48 @@ PyTorch path, which the tests use as the reference. Left out: CUDA, bf16/fp16, f
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
-import os
-import platform
-import shutil
+import re
 import subprocess
-import tempfile
-import time
 from pathlib import Path
 
 import torch
 
 from minivllm import envs
+from minivllm.csrc import build
+from minivllm.utils.math_utils import cdiv
 
 logger = logging.getLogger("minivllm")
 
-SOURCE = Path(__file__).parent / "csrc" / "cpu" / "ops.c"
-CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math",
-          "-std=c11", "-fPIC", "-shared"]
-_P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
-SIGNATURES = {
-    "rms_norm": [_P, _P, _P, _I, _I, _I, _F],
-    "fused_add_rms_norm": [_P, _P, _P, _I, _I, _F],
-    "silu_and_mul": [_P, _P, _I, _I],
-    "rotary_embedding": [_P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I],
-    "paged_attention": [_P] * 8 + [_I] * 9 + [_F],
-    "reshape_and_cache": [_P] * 5 + [_I] * 4,
-    "pack_linear_weight": [_P, _P, _I, _I],
-    "linear_small_batch": [_P, _P, _P, _P, _I, _I, _I, _I],
-}
-PANEL = 32  # output columns per packed weight panel (ops.c)
+_CTYPES = {"int64_t": ctypes.c_int64, "int": ctypes.c_int, "float": ctypes.c_float, "void": None}
+
+
+def _signatures(source: str) -> dict[str, tuple[list, object]]:
+    """(argument types, return type) of every exported function, read from ops.c's own definitions.
+
+    Exported means not `static`: a definition at the start of a line, `void|int64_t name(params) {`.
+    Pointers travel as c_void_p (the wrappers pass data_ptr()), scalars as their C type.
+    """
+    found = {}
+    for ret, name, params in re.findall(r"^(void|int64_t) (\w+)\(([^)]*)\)\s*\{", source, re.M):
+        args = [] if params.strip() == "void" else [
+            ctypes.c_void_p if "*" in p else _CTYPES[p.split()[-2]] for p in params.split(",")]
+        found[name] = (args, _CTYPES[ret])
+    return found
+
+
+SIGNATURES = _signatures(build.SOURCE.read_text())
 _lib: ctypes.CDLL | None = None
 _tried = False
-
-
-def _cpu_id() -> str:
-    try:  # the instruction-set flags decide what -march=native may emit
-        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
-    except (OSError, StopIteration):
-        flags = platform.processor()
-    return platform.machine() + flags
-
-
-def library_path() -> Path:
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(CFLAGS).encode() + _cpu_id().encode()).hexdigest()[:16]
-    return envs.cache_dir() / "ops" / f"minivllm_cpu_ops-{key}.so"
-
-
-def build(path: Path, extra_flags: tuple[str, ...] = ()) -> str:
-    """Compile ops.c into `path` (atomically: a half-written library is never loaded); return its sha256."""
-    compiler = envs.c_compiler() or shutil.which("gcc") or shutil.which("cc")
-    if compiler is None:
-        raise RuntimeError("no C compiler found (set CC, or install gcc)")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
-        target = Path(tmp) / path.name
-        result = subprocess.run([compiler, *CFLAGS, *extra_flags, str(SOURCE), "-o", str(target), "-lm"],
-                                capture_output=True, text=True, timeout=300)
-        if result.returncode != 0:
-            raise RuntimeError(f"{compiler} failed:\n{result.stderr.strip()}")
-        digest = hashlib.sha256(target.read_bytes()).hexdigest()
-        os.replace(target, path)
-    return digest
 
 
 def open_library(path: Path) -> ctypes.CDLL:
     """dlopen `path` unchecked and type every function; a missing one is an AttributeError."""
     lib = ctypes.CDLL(str(path))
-    for name, argtypes in SIGNATURES.items():
+    for name, (argtypes, restype) in SIGNATURES.items():
         fn = getattr(lib, name)
-        fn.argtypes, fn.restype = argtypes, None
+        fn.argtypes, fn.restype = argtypes, restype
     return lib
-
-
-class UnverifiedLibrary(RuntimeError):
-    """The file at library_path() is not the one minivllm built and recorded: it is rebuilt, never loaded."""
-
-
-def _check_private(st: os.stat_result, what: Path) -> None:
-    """Refuse a folder or file another user owns or may write: whatever lies there could be theirs."""
-    uid = os.getuid()
-    if st.st_uid != uid or st.st_mode & 0o022:
-        raise PermissionError(f"refusing {what}: owned by uid {st.st_uid} (you are {uid}) with mode "
-                              f"{st.st_mode & 0o777:o}, so another user could plant a library there. Make it "
-                              f"yours and private (chmod go-w), or point MINIVLLM_CACHE_DIR at a private folder")
-
-
-def _private_dir(ops: Path) -> None:
-    """Create the cache dir and ops/ with mode 0o700 where missing, then check both."""
-    ops.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    ops.mkdir(mode=0o700, exist_ok=True)
-    for folder in (ops.parent, ops):
-        _check_private(folder.stat(), folder)
-
-
-def digest_path(path: Path) -> Path:
-    return path.with_name(path.name + ".sha256")
-
-
-def _record_digest(path: Path, digest: str) -> None:
-    """Write the sidecar atomically (a private temporary file, then a rename)."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(digest + "\n")
-        os.replace(tmp, digest_path(path))
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
-def _recorded_digest(path: Path) -> str | None:
-    try:
-        fd = os.open(digest_path(path), os.O_RDONLY | os.O_NOFOLLOW)
-    except FileNotFoundError:
-        return None
-    with os.fdopen(fd) as f:
-        _check_private(os.fstat(fd), digest_path(path))
-        return f.read().strip()
-
-
-def _open_verified(path: Path, digest: str | None) -> ctypes.CDLL:
-    """open_library(path) only if its bytes hash to `digest` and only its owner may write it."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    try:
-        _check_private(os.fstat(fd), path)
-        sha = hashlib.sha256()
-        while chunk := os.read(fd, 1 << 20):
-            sha.update(chunk)
-        if sha.hexdigest() != digest:
-            why = "has no sha256 record" if digest is None else "does not match the sha256 recorded"
-            raise UnverifiedLibrary(f"{path} {why} of the library minivllm built (planted, corrupted, "
-                                    f"or left by an older minivllm)")
-        return open_library(path)
-    finally:
-        os.close(fd)
-
-
-def _build_and_open(path: Path) -> ctypes.CDLL:
-    start = time.perf_counter()
-    digest = build(path)
-    _record_digest(path, digest)
-    logger.info("compiled CPU kernels in %.1f s: %s", time.perf_counter() - start, path)
-    return _open_verified(path, digest)
 
 
 def load() -> ctypes.CDLL | None:
@@ -178,15 +67,8 @@ def load() -> ctypes.CDLL | None:
         return None
     path = None
     try:
-        path = library_path()
-        _private_dir(path.parent)
-        try:
-            _lib = _open_verified(path, _recorded_digest(path))
-        except FileNotFoundError:  # first use on this machine
-            _lib = _build_and_open(path)
-        except UnverifiedLibrary as e:
-            logger.warning("%s: rebuilding it (if this recurs, check what writes to %s)", e, path.parent)
-            _lib = _build_and_open(path)
+        path = build.ensure_library()  # built by us and recorded, or an exception saying why not
+        _lib = open_library(path)
     except AttributeError as e:
         logger.warning("CPU kernels unavailable, using the PyTorch path instead: %s lacks a function minivllm "
                        "calls (%s). Delete it and its .sha256 to rebuild, or set MINIVLLM_CPU_KERNELS=0.", path, e)
@@ -299,7 +181,8 @@ def pack_linear_weight(weight: torch.Tensor) -> torch.Tensor:
     """W [n, k] -> panels [cdiv(n, 32), k, 32] (columns past n zero), the layout linear_small_batch streams."""
     n, k = weight.shape
     weight = weight.detach().contiguous()
-    packed = torch.empty(-(-n // PANEL), k, PANEL, dtype=weight.dtype)
+    panel = _lib.panel_width()
+    packed = torch.empty(cdiv(n, panel), k, panel, dtype=weight.dtype)
     _lib.pack_linear_weight(packed.data_ptr(), weight.data_ptr(), n, k)
     return packed
 

@@ -49,12 +49,11 @@ class SchedulerConfig:
 class CacheConfig:
     block_size: int = 16
     num_gpu_blocks: int = 1024  # includes the reserved null block 0
-    enable_prefix_caching: bool = False
+    enable_prefix_caching: bool = True  # as vLLM: reuse the KV blocks of a prefix seen before
 
     def __post_init__(self) -> None:
         _require(self.block_size >= 1, "block_size must be >= 1")
         _require(self.num_gpu_blocks >= 2, "num_gpu_blocks must be >= 2 (block 0 is the reserved null block)")
-        _require(not self.enable_prefix_caching, "enable_prefix_caching is not implemented in minivllm")
 
 
 # Each engine argument's expected type: a bool is no int and a string is no number, as in vLLM's
@@ -87,13 +86,13 @@ class EngineConfig:
     num_gpu_blocks_override: int | None = None
     kv_cache_memory_bytes: int | None = None  # None: gpu_memory_utilization if given, else DEFAULT_KV_CACHE_BYTES
     gpu_memory_utilization: float | None = None  # fraction of the memory free once the weights are loaded
-    enable_prefix_caching: bool = False
+    enable_prefix_caching: bool = True  # as vLLM
     scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
     seed: int = 0
     max_logprobs: int = 20  # as vLLM: the most alternatives a request may ask for; -1 = no limit
     dtype: Literal["float32", "float16", "bfloat16"] = "float32"
     device: Literal["cpu", "cuda"] = "cpu"
-    attention_backend: Literal["torch", "triton"] | None = None  # None: triton on a GPU, torch on the CPU
+    attention_backend: Literal["cpu", "torch", "triton"] | None = None  # None: triton on a GPU, cpu on the CPU
     generation_config: str = "auto"  # "auto": the model's generation_config.json; "vllm": neutral defaults
     tensor_parallel_size: int = 1  # one worker only: anything else is refused
     enforce_eager: bool = False  # a no-op: minivllm never captures CUDA graphs or compiles
@@ -125,8 +124,6 @@ class EngineConfig:
                  "kv_cache_memory_bytes must be > 0")
         _require(self.gpu_memory_utilization is None or 0 < self.gpu_memory_utilization <= 1,
                  f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
-        _require(not self.enable_prefix_caching, "enable_prefix_caching=True is not implemented in minivllm yet: "
-                                                 "leave it False")
         _require(self.tensor_parallel_size == 1,
                  f"tensor_parallel_size={self.tensor_parallel_size}: minivllm runs the model in one worker "
                  f"process (no tensor parallelism); use 1")
@@ -135,8 +132,8 @@ class EngineConfig:
         _require(self.dtype in ("float32", "float16", "bfloat16"),
                  f"dtype must be float32, float16 or bfloat16, got {self.dtype!r}")
         _require(self.device in ("cpu", "cuda"), f"device must be 'cpu' or 'cuda', got {self.device!r}")
-        _require(self.attention_backend in (None, "torch", "triton"),
-                 f"attention_backend must be 'torch' or 'triton', got {self.attention_backend!r}")
+        _require(self.attention_backend in (None, "cpu", "torch", "triton"),
+                 f"attention_backend must be 'cpu', 'torch' or 'triton', got {self.attention_backend!r}")
         _require(self.attention_backend != "triton" or self.block_size >= 16,
                  f"attention_backend='triton' needs block_size >= 16 (its kernel tiles a block into 16-token "
                  f"loads), got {self.block_size}: raise block_size or use attention_backend='torch'")
@@ -154,90 +151,6 @@ class EngineConfig:
             long_prefill_token_threshold=self.long_prefill_token_threshold,
             policy=self.scheduling_policy,
         )
-
-
-def max_model_len_for(config: EngineConfig, hf_config) -> int:
-    limit = hf_config.max_position_embeddings
-    if config.max_model_len is not None and config.max_model_len > limit:
-        raise ValueError(f"max_model_len={config.max_model_len} exceeds the model's "
-                         f"max_position_embeddings={limit}: lower max_model_len.")
-    return config.max_model_len or limit
-
-
-def kv_cache_bytes_per_block(hf_config, block_size: int, itemsize: int) -> int:
-    """K and V of one block in every layer: the unit the pool is sized in."""
-    heads = getattr(hf_config, "num_key_value_heads", None) or hf_config.num_attention_heads
-    head_size = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
-    return hf_config.num_hidden_layers * 2 * block_size * heads * head_size * itemsize
-
-
-_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
-DEFAULT_KV_CACHE_BYTES = 512 * 2**20  # the pool when nothing sizes it (as vLLM's CPU backend, a fixed KV space)
-
-
-def available_memory_bytes() -> int | None:
-    """What the OS could still hand this process (MemAvailable), or None where that cannot be read."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
-def free_memory_bytes(device: str) -> int | None:
-    """Free memory on the device: torch.cuda.mem_get_info() on a GPU, MemAvailable on the CPU."""
-    if device == "cuda":
-        import torch
-        return torch.cuda.mem_get_info()[0]
-    return available_memory_bytes()
-
-
-def _kv_cache_request(config: EngineConfig, per_block: int) -> tuple[int, str]:
-    """(num_blocks, the argument that set it). Precedence as vLLM: block override, bytes, utilization."""
-    if config.num_gpu_blocks_override:
-        return config.num_gpu_blocks_override, "num_gpu_blocks_override"
-    if config.kv_cache_memory_bytes:
-        return max(2, config.kv_cache_memory_bytes // per_block), "kv_cache_memory_bytes"
-    if config.gpu_memory_utilization:
-        free = free_memory_bytes(config.device)
-        if free is None:
-            raise ValueError("gpu_memory_utilization needs the free memory, which this OS does not report "
-                             "(/proc/meminfo): set kv_cache_memory_bytes instead.")
-        return max(2, int(config.gpu_memory_utilization * free) // per_block), "gpu_memory_utilization"
-    return max(2, DEFAULT_KV_CACHE_BYTES // per_block), "kv_cache_memory_bytes"
-
-
-def resolve_sizes(config: EngineConfig, hf_config) -> tuple[int, int]:
-    """(max_model_len, num_gpu_blocks) for this model; a size the machine cannot hold is a ValueError up front.
-
-    Checked on the CPU against MemAvailable: the KV pool, plus the runner's per-request rows
-    (max_num_seqs x max_model_len token ids and block-table entries). LLMEngine calls this before the
-    model loads, to fail fast; EngineCore calls it again once the weights are in memory, so that
-    gpu_memory_utilization takes its fraction of what is free after them. vLLM's fraction is of the
-    whole device, weights included; on a CPU shared with the OS that total means little, so minivllm
-    sizes only the KV cache from what is left.
-    """
-    max_model_len = max_model_len_for(config, hf_config)
-    per_block = kv_cache_bytes_per_block(hf_config, config.block_size, _ITEMSIZE[config.dtype])
-    num_blocks, which = _kv_cache_request(config, per_block)
-    available = available_memory_bytes() if config.device == "cpu" else None
-    if available is None:
-        return max_model_len, num_blocks
-    gib = 2**30
-    kv_bytes = num_blocks * per_block
-    if kv_bytes > available:
-        raise ValueError(f"{which} asks for a KV cache of {num_blocks} blocks = {kv_bytes / gib:.1f} GiB, but this "
-                         f"machine has {available / gib:.1f} GiB available: lower {which}.")
-    rows = config.max_num_seqs * (max_model_len * 8 + -(-max_model_len // config.block_size) * 4)
-    if kv_bytes + rows > available:
-        raise ValueError(f"max_num_seqs={config.max_num_seqs} at max_model_len={max_model_len} needs "
-                         f"{rows / gib:.1f} GiB of per-request rows besides the {kv_bytes / gib:.1f} GiB KV cache, "
-                         f"but this machine has {available / gib:.1f} GiB available: lower max_num_seqs or "
-                         f"max_model_len.")
-    return max_model_len, num_blocks
 
 
 # The generation_config.json keys vLLM turns into default SamplingParams (max_new_tokens -> max_tokens).

@@ -12,8 +12,8 @@ from pathlib import Path
 VARIABLES = {  # name: (default, meaning)
     "MINIVLLM_CACHE_DIR": ("~/.cache/minivllm", "where converted GGUF models and the compiled CPU ops live"),
     "MINIVLLM_ENABLE_V1_MULTIPROCESSING": ("1", "0 runs EngineCore in the caller's process instead of a child"),
-    "MINIVLLM_ATTENTION_BACKEND": ("", "torch or triton when the attention_backend argument is unset "
-                                       "(default: triton on a GPU, torch on the CPU)"),
+    "MINIVLLM_ATTENTION_BACKEND": ("", "cpu, torch or triton when the attention_backend argument is unset "
+                                       "(default: triton on a GPU, cpu on the CPU)"),
     "MINIVLLM_CPU_KERNELS": ("1", "0 keeps every op on its PyTorch path instead of the compiled C library"),
     "MINIVLLM_CPU_PACKED_LINEAR": ("1", "0 leaves Linear weights unpacked, off the compiled CPU GEMM"),
     "MINIVLLM_KEEP_FREED_MEMORY": ("1", "0 lets glibc give freed buffers back to the OS after every step"),

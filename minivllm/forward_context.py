@@ -32,10 +32,6 @@ def get_forward_context() -> ForwardContext:
     return _forward_context
 
 
-def is_forward_context_available() -> bool:
-    return _forward_context is not None
-
-
 @contextmanager
 def set_forward_context(attn_metadata: Any, no_compile_layers: dict[str, Any],
                         slot_mapping: Any = None, trace: dict | None = None) -> Iterator[None]:

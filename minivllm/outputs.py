@@ -3,7 +3,7 @@
 RequestOutput/CompletionOutput are what `LLM.generate` hands the caller;
 ModelRunnerOutput is what the model runner hands the scheduler each step.
 With n > 1 a RequestOutput holds n CompletionOutputs, one per sample (index 0..n-1).
-Left out: pooling outputs, metrics, num_cached_tokens.
+Left out: pooling outputs, metrics.
 """
 from __future__ import annotations
 
@@ -40,6 +40,7 @@ class RequestOutput:
     finished: bool
     # with SamplingParams.prompt_logprobs: one entry per prompt token, None for the first (nothing predicts it)
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
+    num_cached_tokens: int | None = None  # prompt tokens served from the prefix cache (vLLM's field)
 
 
 @dataclass

@@ -3,12 +3,15 @@
 The single progress model of the V1 scheduler lives here: `num_computed_tokens`
 (tokens whose KV is in the cache) catches up with `num_tokens` (prompt plus the
 outputs sampled so far). A prefill and a decode differ only in the gap.
+With prefix caching a request also carries `block_hashes`, one per full block of its tokens,
+extended by `append_output_token_ids` as outputs fill more blocks.
 Left out: spec-decode placeholders, multimodal inputs, structured output, LoRA.
 """
 from __future__ import annotations
 
 import enum
 import time
+from typing import Callable
 
 from minivllm.sampling_params import SamplingParams
 
@@ -44,6 +47,7 @@ class Request:
         eos_token_id: int | None,
         priority: int = 0,
         arrival_time: float | None = None,
+        block_hasher: Callable[["Request"], list[bytes]] | None = None,
     ) -> None:
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
@@ -56,6 +60,15 @@ class Request:
         self.output_token_ids: list[int] = []
         self.num_computed_tokens = 0
         self.num_preemptions = 0
+        # Prefix caching. num_cached_tokens: the prefix-cache hit of the first admission (-1: not yet admitted).
+        self.num_cached_tokens = -1
+        # prompt_logprobs need every prompt position computed, so such a request never reads the cache
+        # (vLLM's SamplingParams.skip_reading_prefix_cache default); it still writes its blocks to it.
+        self.skip_reading_prefix_cache = sampling_params.prompt_logprobs is not None
+        self.block_hasher = block_hasher  # None: no hashes, nothing to look up (prefix caching off)
+        self.block_hashes: list[bytes] = []
+        if block_hasher is not None:
+            self.block_hashes = block_hasher(self)
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -73,15 +86,17 @@ class Request:
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
 
+    def append_output_token_ids(self, token_ids: int | list[int]) -> None:
+        """Append sampled tokens; the blocks they fill get their hashes now."""
+        self.output_token_ids.extend([token_ids] if isinstance(token_ids, int) else token_ids)
+        if self.block_hasher is not None:
+            self.block_hashes.extend(self.block_hasher(self))
+
     def is_finished(self) -> bool:
         return RequestStatus.is_finished(self.status)
 
     def get_finished_reason(self) -> str | None:
         return RequestStatus.get_finished_reason(self.status)
-
-    def __lt__(self, other: "Request") -> bool:
-        # Priority order: smaller value first, then earlier arrival.
-        return (self.priority, self.arrival_time) < (other.priority, other.arrival_time)
 
     def __repr__(self) -> str:
         return (f"Request({self.request_id!r}, {self.status.name}, "

@@ -14,3 +14,11 @@ def test_throughput_benchmark_runs_all_three_systems(tiny_llama_folder, capsys, 
     out = capsys.readouterr().out
     for name in ("minivllm", "hf-static", "hf-cb", "MFU", "where the time goes", "forward"):
         assert name in out
+
+
+def test_prefix_caching_benchmark_runs_on_and_off(tiny_llama_folder, capsys, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["prefix_caching.py", "--model", str(tiny_llama_folder), "--quick"])
+    runpy.run_path("benchmarks/prefix_caching.py", run_name="__main__")
+    out = capsys.readouterr().out
+    for text in ("TTFT mean s", "total tok/s", "caching on vs off", "greedy tokens identical: True"):
+        assert text in out

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from minivllm import _C
+from minivllm.csrc import build as ops_build
 from minivllm.attention.backends.torch_attn import gather_history
 from minivllm.models.layers import RotaryEmbedding, _rotate_half
 
@@ -119,7 +120,7 @@ def test_paged_attention_reads_history_through_the_block_table(num_heads, kv_hea
 
 
 def test_plan_queries_gives_each_token_its_request_and_causal_length():
-    from minivllm.attention.backends.torch_attn import plan_queries
+    from minivllm.attention.backends.cpu_attn import plan_queries
     from minivllm.attention.backends.utils import AttentionMetadata
     md = AttentionMetadata(num_actual_tokens=4, max_query_len=3, query_start_loc=torch.tensor([0, 3, 4]),
                            max_seq_len=9, seq_lens=torch.tensor([3, 9]), block_table=torch.zeros(2, 1),
@@ -130,9 +131,9 @@ def test_plan_queries_gives_each_token_its_request_and_causal_length():
 
 def test_the_library_is_cached_and_keyed_by_its_source(tmp_path, monkeypatch):
     monkeypatch.setenv("MINIVLLM_CACHE_DIR", str(tmp_path))
-    path = _C.library_path()
+    path = ops_build.library_path()
     assert path.parent == tmp_path / "ops" and not path.exists()
-    _C.build(path)
+    ops_build.build(path)
     assert path.exists() and list(path.parent.iterdir()) == [path]  # no half-written temporaries left
 
 
@@ -160,7 +161,7 @@ def test_reshape_and_cache_writes_each_token_to_its_slot_and_skips_padding():
 def test_the_plain_c_paths_agree_too(tmp_path, monkeypatch):
     """Built without AVX-512, the generic loops take over; they must compute the same as the vector paths."""
     path = tmp_path / "generic.so"
-    _C.build(path, extra_flags=("-mno-avx512f",))
+    ops_build.build(path, extra_flags=("-mno-avx512f",))
     monkeypatch.setattr(_C, "_lib", _C.open_library(path))
     for layout in [(9, 3, 64, 16), (16, 1, 80, 16)]:
         test_paged_attention_reads_history_through_the_block_table(*layout)

@@ -71,3 +71,9 @@ def test_tiny_random_models_match_hf(mode, tiny_llama_folder, tiny_opt_folder, t
         assert tokens == reference, folder.name
         if mode == "preempted":
             assert stats["num_preemptions"] > 0
+
+
+def test_the_converted_gguf_folder_names_its_architecture(smollm_folder):
+    """HF's from_pretrained and vLLM look up `architectures`; transformers' GGUF loader leaves it null."""
+    import json
+    assert json.loads((smollm_folder / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]

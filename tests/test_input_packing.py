@@ -10,7 +10,7 @@ import torch
 from minivllm.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
 from minivllm.models.loader import get_model, load_config
 from minivllm.sampling_params import SamplingParams
-from minivllm.worker.model_runner import GPUModelRunner
+from minivllm.worker.gpu_model_runner import GPUModelRunner
 
 A = [101, 102, 103, 104]
 B = list(range(1000, 1051))  # 51 tokens: 50 already in the cache, B0 = B[50] runs now at position 50

@@ -1,4 +1,9 @@
-"""The scheduler, driven by hand without a model, on the article's numbers."""
+"""The scheduler, driven by hand without a model, on the article's numbers.
+
+Prefix caching is on (the default) but these requests carry no block hasher, as if built outside
+EngineCore, so nothing is hashed and nothing hits: each test sees the plain allocator. The cache has
+its own tests in test_prefix_caching.py.
+"""
 from __future__ import annotations
 
 import pytest

@@ -37,7 +37,8 @@ def test_triton_matches_torch_on_smollm2():
 
 def test_backend_selection(monkeypatch):
     monkeypatch.delenv("MINIVLLM_ATTENTION_BACKEND", raising=False)
-    assert get_attn_backend_name(None, "cpu") == "torch"
+    from minivllm import _C
+    assert get_attn_backend_name(None, "cpu") == ("cpu" if _C.available() else "torch")
     assert get_attn_backend_name(None, "cuda") == "triton"
     monkeypatch.setenv("MINIVLLM_ATTENTION_BACKEND", "triton")
     assert get_attn_backend_name(None, "cpu") == "triton"

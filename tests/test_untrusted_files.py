@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from minivllm import _C, envs
+from minivllm.csrc import build as ops_build
 from minivllm.models import loader
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_cache_dir_is_read_in_envs_and_the_ops_do_not_import_the_model_loader(tmp_path, monkeypatch):
     monkeypatch.setenv("MINIVLLM_CACHE_DIR", str(tmp_path))
     assert envs.cache_dir() == tmp_path and loader.cache_dir() == tmp_path
-    assert _C.library_path().parent == tmp_path / "ops"
+    assert ops_build.library_path().parent == tmp_path / "ops"
     monkeypatch.delenv("MINIVLLM_CACHE_DIR")
     assert envs.cache_dir() == Path.home() / ".cache" / "minivllm"
     ops = (ROOT / "minivllm" / "_C.py").read_text()
@@ -98,9 +99,9 @@ needs_gcc = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
 
 @needs_gcc
 def test_a_fresh_cache_builds_records_and_then_reuses_our_library(fresh_ops, monkeypatch):
-    path = _C.library_path()
+    path = ops_build.library_path()
     assert _C.available() and _rms_norm_matches_torch()
-    assert _C.digest_path(path).read_text().strip() == _sha256(path)
+    assert ops_build.digest_path(path).read_text().strip() == _sha256(path)
     assert (path.parent.stat().st_mode & 0o777) == 0o700
     built = path.stat().st_mtime_ns
     _retry(monkeypatch)
@@ -110,13 +111,13 @@ def test_a_fresh_cache_builds_records_and_then_reuses_our_library(fresh_ops, mon
 @needs_gcc
 @pytest.mark.parametrize("sidecar", ["none", "forged"])
 def test_a_library_planted_at_the_cache_path_is_never_loaded_but_rebuilt(fresh_ops, tmp_path, sidecar):
-    path, marker = _C.library_path(), tmp_path / "constructor-ran"
+    path, marker = ops_build.library_path(), tmp_path / "constructor-ran"
     _plant(path, marker)
     if sidecar == "forged":
-        _C.digest_path(path).write_text("0" * 64 + "\n")
+        ops_build.digest_path(path).write_text("0" * 64 + "\n")
     assert _C.available() and _rms_norm_matches_torch()  # our own library, rebuilt in its place
     assert not marker.exists()
-    assert _C.digest_path(path).read_text().strip() == _sha256(path)
+    assert ops_build.digest_path(path).read_text().strip() == _sha256(path)
     why = "has no sha256 record" if sidecar == "none" else "does not match the sha256 recorded"
     assert len(fresh_ops) == 1 and f"{path} {why}" in fresh_ops[0] and "rebuilding it" in fresh_ops[0]
 
@@ -126,7 +127,7 @@ def test_the_engine_runs_on_its_own_kernels_when_a_library_is_planted(fresh_ops,
     from conftest import hf_greedy
     from minivllm import LLM, SamplingParams
     marker = tmp_path / "constructor-ran"
-    _plant(_C.library_path(), marker)
+    _plant(ops_build.library_path(), marker)
     llm = LLM(str(tiny_llama_folder), multiprocess=False, max_model_len=64, num_gpu_blocks_override=16)
     try:
         out = llm.generate([{"prompt_token_ids": [1, 2, 3, 4]}], SamplingParams(temperature=0, max_tokens=5))
@@ -141,7 +142,7 @@ def test_a_library_missing_a_symbol_warns_and_falls_back(fresh_ops, tmp_path, mo
     """Built and recorded by us, but from a source lacking silu_and_mul: no AttributeError escapes."""
     source = tmp_path / "partial_ops.c"
     source.write_text("void rms_norm(void) {}\n")
-    monkeypatch.setattr(_C, "SOURCE", source)
+    monkeypatch.setattr(ops_build, "SOURCE", source)
     assert not _C.available() and not _C.usable(torch.zeros(1))
     assert len(fresh_ops) == 1 and "lacks a function minivllm calls" in fresh_ops[0]
     assert "MINIVLLM_CPU_KERNELS=0" in fresh_ops[0]
@@ -151,10 +152,10 @@ def test_a_library_missing_a_symbol_warns_and_falls_back(fresh_ops, tmp_path, mo
 
 
 def test_a_recorded_file_that_dlopen_rejects_warns_and_falls_back(fresh_ops):
-    path = _C.library_path()
+    path = ops_build.library_path()
     path.parent.mkdir(mode=0o700)
     path.write_bytes(b"not an ELF file")
-    _C.digest_path(path).write_text(_sha256(path) + "\n")
+    ops_build.digest_path(path).write_text(_sha256(path) + "\n")
     assert not _C.available()
     assert len(fresh_ops) == 1 and "CPU kernels unavailable, using the PyTorch path instead" in fresh_ops[0]
 
@@ -162,7 +163,7 @@ def test_a_recorded_file_that_dlopen_rejects_warns_and_falls_back(fresh_ops):
 @needs_gcc
 @pytest.mark.parametrize("which", ["cache dir", "ops dir", "library"])
 def test_a_folder_or_library_others_may_write_is_refused(fresh_ops, monkeypatch, which):
-    path = _C.library_path()
+    path = ops_build.library_path()
     if which == "library":
         assert _C.available()  # a genuine build, then opened up to everyone
         _retry(monkeypatch)
@@ -195,7 +196,7 @@ def test_gguf_conversion_is_keyed_by_content_not_by_size_and_mtime(tmp_path, mon
     gguf.write_bytes(b"GGUF version one")
     stamp = gguf.stat()
     first = loader.convert_gguf(gguf)
-    assert first.name == f"tiny-{_sha256(gguf)[:16]}" and loader.convert_gguf(gguf) == first
+    assert first.name == f"tiny-{_sha256(gguf)[:16]}-v{loader.CONVERSION_FORMAT}" and loader.convert_gguf(gguf) == first
     assert len(conversions) == 1  # identical content: the cache serves it
     gguf.write_bytes(b"GGUF version two")  # same size ...
     os.utime(gguf, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))  # ... and same mtime

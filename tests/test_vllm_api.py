@@ -184,7 +184,7 @@ def test_simple_profiling_writes_a_torch_trace(tiny_llama_folder, tmp_path, mult
 
 
 def test_gpu_memory_utilization_sizes_the_kv_cache_from_free_memory(tiny_llama_folder):
-    from minivllm.config import available_memory_bytes, kv_cache_bytes_per_block
+    from minivllm.core.kv_cache_utils import available_memory_bytes, kv_cache_bytes_per_block
     from minivllm.models.loader import load_config
     llm = LLM(str(tiny_llama_folder), multiprocess=False, max_model_len=64, gpu_memory_utilization=0.001)
     per_block = kv_cache_bytes_per_block(load_config(tiny_llama_folder), 16, 4)
@@ -228,3 +228,28 @@ print([o.outputs[0].token_ids for o in outs], random.randint(0, 100))
             for _ in range(2)]
     assert all(r.returncode == 0 for r in runs), runs[0].stderr[-2000:]
     assert runs[0].stdout == runs[1].stdout and runs[0].stdout.strip()
+
+
+def test_prefix_caching_examples_same_answers_with_the_cache(tiny_llama_folder):
+    # prefix_caching.py / automatic_prefix_caching.py: a long shared prefix, a baseline LLM without the cache,
+    # then one with enable_prefix_caching=True warmed by the first prompt: the same greedy answers, served from
+    # cached blocks.
+    prefix = ("You are an expert school principal, skilled in effectively managing faculty and staff. Draft "
+              "10-15 questions for a potential first grade Head Teacher. Based on these information, fulfill "
+              "the following paragraph: ")
+    prompts = [prefix + p for p in PROMPTS]
+    params = SamplingParams(temperature=0.0, max_tokens=6)
+    regular = LLM(str(tiny_llama_folder), multiprocess=False, enable_prefix_caching=False,
+                  gpu_memory_utilization=0.01, max_model_len=256)
+    baseline = [o.outputs[0].text for o in regular.generate(prompts, params, use_tqdm=False)]
+    del regular
+    cleanup_dist_env_and_memory()
+    cached = LLM(str(tiny_llama_folder), multiprocess=False, enable_prefix_caching=True,
+                 gpu_memory_utilization=0.01, max_model_len=256)
+    cached.generate(prompts[0], params, use_tqdm=False)  # warm-up: the shared prefix's blocks get cached
+    outputs = cached.generate(prompts, params, use_tqdm=False)
+    assert [o.outputs[0].text for o in outputs] == baseline
+    assert all(o.num_cached_tokens >= 16 for o in outputs)  # every prompt found the prefix's full blocks
+    stats = cached.llm_engine.get_stats()
+    assert stats["prefix_cache_hits"] > 0
+    cached.shutdown()

@@ -49,6 +49,7 @@ class EngineCoreOutput:
     stop_reason: int | str | None = None
     # once per request asking for prompt_logprobs: per prompt position 1.., same entries as new_logprobs
     new_prompt_logprobs: list[tuple[float, int, list[tuple[int, float]]]] | None = None
+    num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at the request's first admission
 
     @property
     def finished(self) -> bool:
@@ -58,6 +59,5 @@ class EngineCoreOutput:
 @dataclass
 class EngineCoreOutputs:
     outputs: list[EngineCoreOutput] = field(default_factory=list)
-    engine_pid: int | None = None
     # trace events recorded during the steps behind these outputs (empty unless tracing)
     trace_events: list[dict[str, Any]] = field(default_factory=list)

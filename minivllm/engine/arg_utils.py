@@ -30,13 +30,14 @@ HELP = {
     "kv_cache_memory_bytes": "bytes for the KV cache (overrides gpu_memory_utilization; default 512 MiB)",
     "gpu_memory_utilization": "fraction of the memory free after the weights load that the KV cache takes "
                               "(vLLM: of the whole device)",
-    "enable_prefix_caching": "reuse the KV blocks of a shared prompt prefix (not implemented yet)",
+    "enable_prefix_caching": "reuse the KV blocks of a prompt prefix seen before (--no-enable-prefix-caching: off)",
     "scheduling_policy": "fcfs (arrival order) or priority (lowest priority value first)",
     "seed": "random seed of the engine's sampler and of torch/numpy/random",
     "max_logprobs": "the most logprobs a request may ask for (-1: no limit)",
     "dtype": "weights and activations: float32, float16 or bfloat16",
     "device": "cpu or cuda",
-    "attention_backend": "torch or triton; None picks triton on a GPU, torch on the CPU",
+    "attention_backend": "cpu (the compiled C kernel), torch (the PyTorch reference) or triton; None picks "
+                         "triton on a GPU, cpu on the CPU (torch where the C library cannot be built)",
     "generation_config": "'auto': sampling defaults from the model's generation_config.json; 'vllm': "
                          "neutral defaults; or a folder holding generation_config.json",
     "tensor_parallel_size": "number of tensor-parallel workers (minivllm: 1 only)",

@@ -21,13 +21,14 @@ import torch
 
 from minivllm import envs
 from minivllm.attention.selector import get_attn_backend_name
-from minivllm.config import CacheConfig, EngineConfig, max_model_len_for, resolve_sizes
+from minivllm.config import CacheConfig, EngineConfig
+from minivllm.core.kv_cache_utils import get_request_block_hasher, max_model_len_for, resolve_sizes
 from minivllm.core.sched.scheduler import Scheduler
 from minivllm.engine import EngineCoreOutputs, EngineCoreOutputType, EngineCoreRequest, EngineCoreRequestType
 from minivllm.models.loader import get_model, load_config
 from minivllm.profiler import TorchProfiler
 from minivllm.request import Request, RequestStatus
-from minivllm.worker.model_runner import GPUModelRunner
+from minivllm.worker.gpu_model_runner import GPUModelRunner
 
 logger = logging.getLogger("minivllm")
 
@@ -73,7 +74,10 @@ class EngineCore:
         self.block_size = config.block_size
         self.attention_backend = get_attn_backend_name(config.attention_backend, config.device)
         self.scheduler = Scheduler(config.scheduler_config(self.max_model_len),
-                                   CacheConfig(config.block_size, self.num_gpu_blocks))
+                                   CacheConfig(config.block_size, self.num_gpu_blocks, config.enable_prefix_caching))
+        # prefix caching: each Request hashes its full blocks as its tokens arrive (vLLM's request_block_hasher)
+        self.request_block_hasher = get_request_block_hasher(config.block_size) \
+            if config.enable_prefix_caching else None
         self.model_executor = GPUModelRunner(
             model, block_size=config.block_size, num_gpu_blocks=self.num_gpu_blocks,
             max_num_reqs=config.max_num_seqs, max_model_len=self.max_model_len,
@@ -92,7 +96,8 @@ class EngineCore:
 
     def add_request(self, request: EngineCoreRequest) -> None:
         self.scheduler.add_request(Request(request.request_id, request.prompt_token_ids, request.sampling_params,
-                                           request.eos_token_id, request.priority, request.arrival_time))
+                                           request.eos_token_id, request.priority, request.arrival_time,
+                                           block_hasher=self.request_block_hasher))
         if self.tracer is not None:
             self.tracer.on_add_request(self, request)
 
@@ -103,7 +108,7 @@ class EngineCore:
 
     def step(self) -> EngineCoreOutputs:
         if not self.scheduler.has_unfinished_requests():
-            return EngineCoreOutputs(engine_pid=os.getpid(), trace_events=self.drain_trace())
+            return EngineCoreOutputs(trace_events=self.drain_trace())
         scheduler_output = self.scheduler.schedule()  # 1. spend the token and block budgets
         if self.tracer is not None:
             self.tracer.on_schedule(self, scheduler_output)
@@ -111,7 +116,6 @@ class EngineCore:
         outputs = self.scheduler.update_from_output(scheduler_output, model_output)  # 3. append, stop, free
         if self.tracer is not None:
             self.tracer.on_update(self, scheduler_output, model_output, outputs)
-        outputs.engine_pid = os.getpid()
         outputs.trace_events = self.drain_trace()
         return outputs
 
@@ -123,8 +127,17 @@ class EngineCore:
         return self.scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
 
     def get_stats(self) -> dict:
+        """Counters since the engine started; the prefix-cache ones (tokens) since the last reset_prefix_cache()."""
+        cache = self.scheduler.kv_cache_manager.prefix_cache_stats
         return {"num_preemptions": self.scheduler.num_preemptions, "num_free_blocks": self.get_num_free_blocks(),
-                "num_gpu_blocks": self.num_gpu_blocks, "num_unfinished": self.scheduler.get_num_unfinished_requests()}
+                "num_gpu_blocks": self.num_gpu_blocks, "num_unfinished": self.scheduler.get_num_unfinished_requests(),
+                "prefix_cache_queries": cache.queries, "prefix_cache_hits": cache.hits,
+                "prefix_cache_preempted_queries": cache.preempted_queries,
+                "prefix_cache_preempted_hits": cache.preempted_hits}
+
+    def reset_prefix_cache(self) -> bool:
+        """As vLLM's: forget every cached prefix; False (a no-op) while requests are running."""
+        return self.scheduler.reset_prefix_cache()
 
     def profile(self, is_start: bool = True) -> None:
         """vLLM's EngineCore.profile: start or stop the torch profiler (LLM.start_profile / stop_profile)."""

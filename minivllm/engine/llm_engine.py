@@ -15,7 +15,8 @@ import time
 
 import torch
 
-from minivllm.config import EngineConfig, default_sampling_overrides, resolve_sizes
+from minivllm.config import EngineConfig, default_sampling_overrides
+from minivllm.core.kv_cache_utils import resolve_sizes
 from minivllm.core.sched.scheduler import check_request_fits
 from minivllm.engine import EngineCoreRequest
 from minivllm.engine.core_client import make_client
@@ -220,6 +221,10 @@ class LLMEngine:
 
     def get_stats(self) -> dict:
         return self.engine_core.call_utility("get_stats")
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix in EngineCore; False while requests are running (as vLLM)."""
+        return self.engine_core.call_utility("reset_prefix_cache")
 
     def shutdown(self) -> None:
         self.engine_core.shutdown()

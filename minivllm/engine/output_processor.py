@@ -134,13 +134,15 @@ class OutputProcessor:
             parent = state.parent
             if parent is None:
                 request_outputs[state.request_id] = RequestOutput(
-                    state.request_id, state.prompt, state.prompt_token_ids, [completion], finished, state.prompt_logprobs)
+                    state.request_id, state.prompt, state.prompt_token_ids, [completion], finished,
+                    state.prompt_logprobs, num_cached_tokens=out.num_cached_tokens)
                 continue
             if parent.prompt_logprobs is None:
                 parent.prompt_logprobs = state.prompt_logprobs
             completions, all_finished = parent.get_outputs(out.request_id, completion)
             request_outputs[parent.request_id] = RequestOutput(
-                parent.request_id, state.prompt, state.prompt_token_ids, completions, all_finished, parent.prompt_logprobs)
+                parent.request_id, state.prompt, state.prompt_token_ids, completions, all_finished,
+                parent.prompt_logprobs, num_cached_tokens=out.num_cached_tokens)  # as vLLM: the reporting child's
             if all_finished:
                 self.parent_requests.pop(parent.request_id, None)
         return OutputProcessorOutput(list(request_outputs.values()), reqs_to_abort)

@@ -47,6 +47,10 @@ class LLM:
     def stop_profile(self) -> None:
         self.llm_engine.stop_profile()
 
+    def reset_prefix_cache(self) -> bool:
+        """As vLLM: drop every cached prefix block (e.g. between benchmark runs); False while requests run."""
+        return self.llm_engine.reset_prefix_cache()
+
     def generate(self, prompts: PromptType | Sequence[PromptType],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool = True, priority: list[int] | None = None) -> list[RequestOutput]:
@@ -147,7 +151,8 @@ def _check_conversations(conversations) -> None:
                          f"got {type(conversations).__name__}.")
     for conversation in conversations:
         if not isinstance(conversation, list) or not conversation:
-            raise ValueError(f"A conversation must be a non-empty list of messages, got {conversation!r}.")
+            raise ValueError(f"A conversation must be a non-empty list of message dicts like "
+                             f"{{'role': 'user', 'content': 'Hello'}}, got {conversation!r}.")
         for i, message in enumerate(conversation):
             if not isinstance(message, dict):
                 raise ValueError(f"Message {i} must be a dict like {{'role': 'user', 'content': 'Hello'}}, got "

@@ -3,10 +3,10 @@
 Numerics follow HF transformers so greedy decoding matches it token for token:
 RMSNorm normalises in float32; rotary tables are built in float32 from the
 same inverse frequencies and indexed by each packed token's position.
-On the CPU in float32, RMSNorm (with the residual add fused in, as vLLM's
-fused_add_rms_norm), SiluAndMul and the rotary embedding run as compiled ops
-(minivllm/_C.py); the PyTorch lines beside each call are the same formula and
-serve everywhere else. Left out: rope scaling variants other than "default" and "llama3".
+RMSNorm (with the residual add fused in, as vLLM's fused_add_rms_norm),
+SiluAndMul and the rotary embedding are CustomOps: `forward_native` is the
+PyTorch formula, `forward_cpu` the compiled op (minivllm/_C.py) that serves
+float32 on the CPU, and CustomOp.forward picks between them (custom_op.py). Left out: rope scaling variants other than "default" and "llama3".
 """
 from __future__ import annotations
 
@@ -17,9 +17,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from minivllm import _C
+from minivllm.models.custom_op import CustomOp
 
 
-class RMSNorm(nn.Module):
+class RMSNorm(CustomOp):
     """weight * x / rms(x). Given a residual, first adds x into it and normalises the sum, returning
     (normed, new residual): vLLM's fused_add_rms_norm, which saves the decoder layer a separate add."""
 
@@ -28,13 +29,16 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(hidden_size))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+    def forward_cpu(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         if _C.usable(x) and x.dim() == 2 and x.stride(1) == 1:
             if residual is None:
                 return _C.rms_norm(x, self.weight, self.eps)
             if x.is_contiguous() and residual.is_contiguous():
                 _C.fused_add_rms_norm(x, residual, self.weight, self.eps)  # in place: residual += x; x = norm(residual)
                 return x, residual
+        return self.forward_native(x, residual)
+
+    def forward_native(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         if residual is not None:
             residual = x = x + residual
             return self._norm(x), residual
@@ -49,12 +53,13 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
-class SiluAndMul(nn.Module):
+class SiluAndMul(CustomOp):
     """x [num_tokens, 2 * d] -> silu(x[:, :d]) * x[:, d:]: the gated MLP's activation in one pass."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if _C.usable(x):
-            return _C.silu_and_mul(x)
+    def forward_cpu(self, x: torch.Tensor) -> torch.Tensor:
+        return _C.silu_and_mul(x) if _C.usable(x) else self.forward_native(x)
+
+    def forward_native(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = x.chunk(2, dim=-1)
         return F.silu(gate) * up
 
@@ -77,7 +82,7 @@ def _rope_inv_freq(head_dim: int, rope: dict) -> torch.Tensor:
     raise ValueError(f"rope_type {kind!r} is not supported by minivllm (only 'default' and 'llama3')")
 
 
-class RotaryEmbedding(nn.Module):
+class RotaryEmbedding(CustomOp):
     """Neox-style rotary embedding (rotate halves), as HF's Llama applies it."""
 
     def __init__(self, head_dim: int, max_position: int, rope: dict) -> None:
@@ -90,11 +95,14 @@ class RotaryEmbedding(nn.Module):
 
         self._last: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        # positions [num_tokens]; q [num_tokens, num_heads, head_dim]; k [num_tokens, num_kv_heads, head_dim]
+    # positions [num_tokens]; q [num_tokens, num_heads, head_dim]; k [num_tokens, num_kv_heads, head_dim]
+    def forward_cpu(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         if _C.usable(q, k) and _C.heads_contiguous(q, k):
             _C.rotary_embedding(positions, q, k, self.cos_cache, self.sin_cache)  # in place
             return q, k
+        return self.forward_native(positions, q, k)
+
+    def forward_native(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         if self._last is None or self._last[0] is not positions:  # every layer of a step shares one lookup
             cos = self.cos_cache[positions].unsqueeze(1).to(q.dtype)  # [num_tokens, 1, head_dim]
             sin = self.sin_cache[positions].unsqueeze(1).to(q.dtype)

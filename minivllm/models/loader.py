@@ -78,10 +78,14 @@ def file_sha256(path: Path, chunk: int = 1 << 20) -> str:
     return sha.hexdigest()
 
 
+# Bumped whenever _convert_into writes something different, so older conversions are redone once.
+CONVERSION_FORMAT = 2  # 2: config.json names its architecture (HF's from_pretrained and vLLM need it)
+
+
 def convert_gguf(gguf: Path) -> Path:
     """The cached HF folder for this GGUF, converted first if needed, keyed by content, not path or mtime:
-    `<stem>-<first 16 hex digits of its sha256>`, so an edited file never reuses a stale conversion."""
-    target = cache_dir() / "models" / f"{gguf.stem}-{file_sha256(gguf)[:16]}"
+    `<stem>-<first 16 hex digits of its sha256>-v<format>`, so an edited file never reuses a stale conversion."""
+    target = cache_dir() / "models" / f"{gguf.stem}-{file_sha256(gguf)[:16]}-v{CONVERSION_FORMAT}"
     if (target / "config.json").exists():
         return target
     logger.info("Converting %s to safetensors once (about 30 s); cached at %s", gguf.name, target)
@@ -111,6 +115,7 @@ def _convert_into(gguf: Path, tmp: Path) -> None:
     save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
     config = model.config.to_dict()
     config.pop("quantization_config", None)
+    config["architectures"] = [type(model).__name__]  # transformers leaves it null for a GGUF
     (tmp / "config.json").write_text(json.dumps(config, indent=2))
     tokenizer.save_pretrained(tmp)
 

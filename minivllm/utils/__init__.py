@@ -1,4 +1,5 @@
-"""Mirror of vllm/utils/: small helpers shared by the command line and examples."""
+"""Mirror of vllm/utils/: small helpers shared by the engine, the command line and examples."""
 from minivllm.utils.argparse_utils import FlexibleArgumentParser
+from minivllm.utils.math_utils import cdiv
 
-__all__ = ["FlexibleArgumentParser"]
+__all__ = ["FlexibleArgumentParser", "cdiv"]

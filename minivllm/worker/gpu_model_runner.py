@@ -17,12 +17,14 @@ import torch
 from minivllm.attention import Attention
 from minivllm.attention.backends.utils import AttentionMetadata
 from minivllm.attention.selector import get_attn_impl
+from minivllm.core.kv_cache_utils import kv_cache_shape
 from minivllm.core.sched.output import SchedulerOutput
 from minivllm.forward_context import set_forward_context
 from minivllm.outputs import ModelRunnerOutput
-from minivllm.sample.sampler import PenaltyMetadata, Sampler, SamplingMetadata
-from minivllm.sampling_params import SamplingParams
+from minivllm.sample.sampler import Sampler
+from minivllm.utils.math_utils import cdiv
 from minivllm.worker.input_batch import InputBatch, PackedBatch
+from minivllm.worker.sampling_state import SamplingState
 
 
 class GPUModelRunner:
@@ -37,15 +39,9 @@ class GPUModelRunner:
         impl = get_attn_impl(attention_backend)
         for layer, kv_cache in zip(self.attn_layers.values(), self.kv_caches):
             layer.kv_cache, layer.impl = kv_cache, impl
-        self.input_batch = InputBatch(max_num_reqs, max_model_len, -(-max_model_len // block_size))
-        self.requests: dict[str, SamplingParams] = {}  # live requests, preempted ones included
-        self.num_prompt_tokens: dict[str, int] = {}  # so the runner knows how many outputs a request has
-        self.generators: dict[str, torch.Generator] = {}
-        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self.input_batch = InputBatch(max_num_reqs, max_model_len, cdiv(max_model_len, block_size))
+        self.sampling_state = SamplingState(self.vocab_size, self.device, seed)
         self.sampler = Sampler()
-        # requests whose logits need processing (penalties, bias, whitelist, bad words): the rest skip it
-        self.processing_reqs: set[str] = set()
-        self.allowed_token_ids_masks: dict[str, torch.Tensor] = {}  # req_id -> [vocab_size] bool, True = masked
         # prompt_logprobs: how many alternatives each still-prefilling request wants, and what its chunks gave
         self.num_prompt_logprobs: dict[str, int] = {}
         self.in_progress_prompt_logprobs: dict[str, list] = {}
@@ -53,7 +49,7 @@ class GPUModelRunner:
 
     def _allocate_kv_cache(self, num_blocks: int, dtype: torch.dtype) -> list[torch.Tensor]:
         layer = next(iter(self.attn_layers.values()))
-        shape = (len(self.attn_layers), 2, num_blocks, self.block_size, layer.num_kv_heads, layer.head_size)
+        shape = kv_cache_shape(len(self.attn_layers), num_blocks, self.block_size, layer.num_kv_heads, layer.head_size)
         # zeroed: blocks never written (the null block, a partial block's tail) must not hold NaN
         kv = torch.zeros(shape, dtype=dtype, device=self.device)  # [layers, 2, blocks, block_size, kv_heads, head]
         return list(kv.unbind(0))
@@ -63,26 +59,14 @@ class GPUModelRunner:
         batch = self.input_batch
         for req_id in so.finished_req_ids:
             batch.remove_request(req_id)
-            self.requests.pop(req_id, None)
-            self.num_prompt_tokens.pop(req_id, None)
-            self.generators.pop(req_id, None)
-            self.processing_reqs.discard(req_id)
-            self.allowed_token_ids_masks.pop(req_id, None)
+            self.sampling_state.remove_request(req_id)
             self.num_prompt_logprobs.pop(req_id, None)
             self.in_progress_prompt_logprobs.pop(req_id, None)
         for req_id in so.preempted_req_ids:
             batch.remove_request(req_id)  # its row is gone; its sampling state stays for the recompute
         for new in so.scheduled_new_reqs:
-            self.requests[new.req_id] = params = new.sampling_params
-            self.num_prompt_tokens[new.req_id] = len(new.prompt_token_ids)
-            if params.seed is not None:
-                self.generators[new.req_id] = torch.Generator(device=self.device).manual_seed(params.seed)
-            if params.uses_logits_processing:
-                self.processing_reqs.add(new.req_id)
-                if params.allowed_token_ids is not None:
-                    mask = torch.ones(self.vocab_size, dtype=torch.bool, device=self.device)
-                    mask[torch.tensor(params.allowed_token_ids, dtype=torch.int64, device=self.device)] = False
-                    self.allowed_token_ids_masks[new.req_id] = mask
+            params = new.sampling_params
+            self.sampling_state.add_request(new.req_id, params, len(new.prompt_token_ids))
             if params.prompt_logprobs is not None:
                 k = params.prompt_logprobs
                 self.num_prompt_logprobs[new.req_id] = self.vocab_size if k == -1 else k
@@ -115,7 +99,7 @@ class GPUModelRunner:
         block_numbers = batch.block_table_cpu[token_rows, positions // self.block_size]  # [num_tokens]
         slot_mapping = block_numbers.astype(np.int64) * self.block_size + positions % self.block_size
         seq_lens = computed + num_scheduled  # [num_reqs]
-        max_blocks = int(-(-seq_lens.max() // self.block_size))
+        max_blocks = cdiv(int(seq_lens.max()), self.block_size)
         block_table = batch.block_table_cpu[rows, :max_blocks]  # [num_reqs, max_blocks]
         # Only a request whose step reaches its last known token samples; a partial prefill chunk does not.
         samples = seq_lens >= batch.num_tokens_cpu[rows]  # [num_reqs]
@@ -139,78 +123,6 @@ class GPUModelRunner:
             query_start_loc=b.query_start_loc, max_seq_len=max(seq_lens), seq_lens=b.seq_lens,
             block_table=b.block_table, slot_mapping=b.slot_mapping, query_start_loc_cpu=qsl, seq_lens_cpu=seq_lens)
 
-    def _sampling_metadata(self, req_ids: list[str]) -> SamplingMetadata:
-        params = [self.requests[r] for r in req_ids]
-
-        def column(values, default, dtype):
-            return None if all(v == default for v in values) else torch.tensor(values, dtype=dtype, device=self.device)
-
-        vocab = self.vocab_size
-        wanted = [vocab if p.logprobs == -1 else p.logprobs for p in params if p.logprobs is not None]
-        batch = self.input_batch
-        # min_tokens: until a request has that many outputs, EOS and its stop ids cannot be sampled
-        masked = [(i, sorted(t for t in p.all_stop_token_ids if t < vocab))
-                  for i, (r, p) in enumerate(zip(req_ids, params))
-                  if p.min_tokens and p.all_stop_token_ids and
-                  batch.num_tokens_cpu[batch.req_id_to_row[r]] - self.num_prompt_tokens[r] < p.min_tokens]
-        md = SamplingMetadata(
-            temperature=torch.tensor([p.temperature for p in params], dtype=torch.float32, device=self.device),
-            all_greedy=all(p.temperature == 0 for p in params),
-            top_k=column([min(p.top_k, vocab) for p in params], 0, torch.int64),  # above the vocabulary: all of it
-            top_p=column([p.top_p for p in params], 1.0, torch.float32),
-            min_p=column([p.min_p for p in params], 0.0, torch.float32),
-            generators=[self.generators.get(r, self.generator) for r in req_ids],
-            max_num_logprobs=max(wanted) if wanted else None,
-            min_tokens_masks=masked)
-        if self.processing_reqs and not self.processing_reqs.isdisjoint(req_ids):
-            self._add_logits_processing(md, req_ids, params)
-        return md
-
-    def _add_logits_processing(self, md: SamplingMetadata, req_ids: list[str], params: list[SamplingParams]) -> None:
-        """Fill the whitelist, bad-word, bias and penalty parts of md for the rows that use them."""
-        batch, vocab, dev = self.input_batch, self.vocab_size, self.device
-        rows = [i for i, r in enumerate(req_ids) if r in self.processing_reqs]
-
-        def outputs(i: int) -> np.ndarray:  # what request i sampled so far, from its row of token ids
-            row, r = batch.req_id_to_row[req_ids[i]], req_ids[i]
-            return batch.token_ids_cpu[row, self.num_prompt_tokens[r]:batch.num_tokens_cpu[row]]
-
-        masked = [i for i in rows if req_ids[i] in self.allowed_token_ids_masks]
-        if masked:
-            mask = torch.zeros(len(req_ids), vocab, dtype=torch.bool, device=dev)
-            for i in masked:
-                mask[i] = self.allowed_token_ids_masks[req_ids[i]]
-            md.allowed_token_ids_mask = mask
-        bad = {i: params[i].bad_words_token_ids for i in rows if params[i].bad_words_token_ids}
-        if bad:
-            md.bad_words_token_ids = bad
-            md.output_token_ids = [outputs(i).tolist() if i in bad else [] for i in range(len(req_ids))]
-        biased = [(i, t, b) for i in rows if params[i].logit_bias for t, b in params[i].logit_bias.items()]
-        if biased:
-            md.logit_bias = (torch.tensor([i for i, _, _ in biased], dtype=torch.int64, device=dev),
-                             torch.tensor([t for _, t, _ in biased], dtype=torch.int64, device=dev),
-                             torch.tensor([b for _, _, b in biased], dtype=torch.float32, device=dev))
-        penalized = [i for i in rows if params[i].presence_penalty or params[i].frequency_penalty
-                     or params[i].repetition_penalty != 1.0]
-        if penalized:
-            def padded(arrays: list[np.ndarray]) -> torch.Tensor:  # right-padded with vocab, which counts nowhere
-                out = np.full((len(arrays), max(1, max(len(a) for a in arrays))), vocab, dtype=np.int64)
-                for j, a in enumerate(arrays):
-                    out[j, :len(a)] = a
-                return torch.from_numpy(out).to(dev)
-
-            prompts = [batch.token_ids_cpu[batch.req_id_to_row[req_ids[i]], :self.num_prompt_tokens[req_ids[i]]]
-                       for i in penalized]
-
-            def column(name: str) -> torch.Tensor:
-                return torch.tensor([getattr(params[i], name) for i in penalized], dtype=torch.float32, device=dev)
-
-            md.penalties = PenaltyMetadata(
-                rows=torch.tensor(penalized, dtype=torch.int64, device=dev),
-                presence_penalties=column("presence_penalty"), frequency_penalties=column("frequency_penalty"),
-                repetition_penalties=column("repetition_penalty"),
-                prompt_token_ids=padded(prompts), output_token_ids=padded([outputs(i) for i in penalized]))
-
     # As vLLM: the row of prompt position p predicts prompt token p + 1, so a prompt of P tokens has P - 1
     # prompt logprobs. Each chunk fills its slice; the whole list goes out in the step that runs the last
     # chunk (which also samples the first output token). A request preempted mid-prefill refills its slices.
@@ -223,7 +135,7 @@ class GPUModelRunner:
             k = self.num_prompt_logprobs.get(req_id)
             if k is None:
                 continue
-            num_prompt = self.num_prompt_tokens[req_id]
+            num_prompt = self.sampling_state.num_prompt_tokens[req_id]
             start, num_scheduled = int(b.num_computed_tokens[i]), int(b.num_scheduled_tokens[i])
             entries = self.in_progress_prompt_logprobs.setdefault(req_id, [None] * (num_prompt - 1))
             num_logits = min(num_scheduled, num_prompt - 1 - start)
@@ -255,7 +167,7 @@ class GPUModelRunner:
         prompt_logprobs = self._get_prompt_logprobs_dict(b, hidden_states) if self.num_prompt_logprobs else {}
         logits = self.model.compute_logits(hidden_states[b.logits_indices])  # [num_logits, vocab_size]
         sampling_ids = [b.req_ids[i] for i in b.sampling_req_indices]
-        sampled = self.sampler(logits, self._sampling_metadata(sampling_ids)) if sampling_ids else None
+        sampled = self.sampler(logits, self.sampling_state.make_sampling_metadata(sampling_ids, self.input_batch)) if sampling_ids else None
         sampled_token_ids: list[list[int]] = [[] for _ in b.req_ids]
         logprobs: list | None = None
         if sampled is not None:
@@ -267,7 +179,7 @@ class GPUModelRunner:
                 logprobs = [None] * b.num_reqs
                 lp, rank, top_ids, top_lp = (t.tolist() for t in sampled.logprobs)
                 for j, (req_index, req_id) in enumerate(zip(b.sampling_req_indices, sampling_ids)):
-                    k = self.requests[req_id].logprobs
+                    k = self.sampling_state.requests[req_id].logprobs
                     if k is not None:
                         k = self.vocab_size if k == -1 else k
                         logprobs[req_index] = [(lp[j], rank[j], list(zip(top_ids[j][:k], top_lp[j][:k])))]

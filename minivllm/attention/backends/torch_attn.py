@@ -1,13 +1,11 @@
-"""The PyTorch reference backend: write K/V by slot_mapping, read history by block_table.
+"""The PyTorch reference backend: write K/V by slot_mapping, read history by block_table, in tensor ops only.
 
-Plays the role of vLLM's CPU attention backend (csrc/cpu/cpu_attn_impl.hpp):
-the same two address structures. In tensor ops: single-token decodes are
-served in groups by one batched gather + SDPA each, and each prefill chunk
-attends with SDPA over its history (gathered only if it has any). Where the
-compiled CPU ops are available (minivllm/_C.py), every query token of the step
-goes to one kernel call instead, which reads the paged cache through
-block_table with no gather (and writes K/V by slot_mapping). Left out: sliding
-windows, ALiBi, soft-capping, quantized caches.
+The same two address structures as vLLM's attention backends, in plain torch:
+single-token decodes are served in groups by one batched gather + SDPA each,
+and each prefill chunk attends with SDPA over its history (gathered only if it
+has any). It serves any dtype on any device and is what the other backends are
+tested against; cpu_attn.py runs the compiled kernel instead. Left out:
+sliding windows, ALiBi, soft-capping, quantized caches.
 """
 from __future__ import annotations
 
@@ -16,8 +14,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from minivllm import _C
 from minivllm.attention.backends.utils import AttentionMetadata
+from minivllm.utils.math_utils import cdiv
 
 
 def gather_history(cache: torch.Tensor, block_table_row: torch.Tensor, seq_len: int) -> torch.Tensor:
@@ -25,7 +23,7 @@ def gather_history(cache: torch.Tensor, block_table_row: torch.Tensor, seq_len: 
 
     cache [num_blocks, block_size, H, D], block_table_row [>= cdiv(seq_len, block_size)] -> [seq_len, H, D]
     """
-    num_blocks = -(-seq_len // cache.shape[1])
+    num_blocks = cdiv(seq_len, cache.shape[1])
     return gather_blocks(cache, block_table_row[:num_blocks]).flatten(0, 1)[:seq_len]
 
 
@@ -65,7 +63,7 @@ def plan_step(md: AttentionMetadata, block_size: int, group_size: int) -> tuple[
     groups = []
     for g in range(0, len(decodes), group_size):
         members = decodes[g:g + group_size]
-        num_blocks = -(-seq_lens[members[-1]] // block_size)
+        num_blocks = cdiv(seq_lens[members[-1]], block_size)
         lens = md.seq_lens[members].unsqueeze(1)  # [n, 1]
         mask = torch.arange(num_blocks * block_size, device=device).unsqueeze(0) < lens  # [n, L]
         groups.append(DecodeGroup(torch.tensor([qsl[i] for i in members], device=device),
@@ -83,29 +81,6 @@ def plan_step(md: AttentionMetadata, block_size: int, group_size: int) -> tuple[
     return groups, chunks
 
 
-@dataclass
-class QueryPlan:
-    """The compiled kernel's view of a step: every query token, its request, and how many keys it sees."""
-    token_index: torch.Tensor  # [num_tokens] packed row of each query token
-    req_index: torch.Tensor  # [num_tokens] its request's row in block_table
-    kv_lens: torch.Tensor  # [num_tokens] position + 1: causal, this step's own earlier tokens included
-    max_kv_len: int
-
-
-def plan_queries(md: AttentionMetadata) -> QueryPlan:
-    """Token j of a request with query_len q and seq_len s sits at position s - q + j and sees s - q + j + 1 keys.
-
-    query_start_loc [0, 3, 4], seq_lens [3, 9] -> req_index [0, 0, 0, 1], kv_lens [1, 2, 3, 9]
-    """
-    num_tokens, device = md.num_actual_tokens, md.seq_lens.device
-    qsl = md.query_start_loc.long()
-    query_lens = qsl[1:] - qsl[:-1]  # [num_reqs]
-    req_index = torch.repeat_interleave(torch.arange(md.num_reqs, device=device), query_lens)  # [num_tokens]
-    offsets = torch.arange(num_tokens, device=device) - qsl[:-1][req_index]  # [num_tokens] j within the request
-    kv_lens = (md.seq_lens.long() - query_lens)[req_index] + offsets + 1  # [num_tokens]
-    return QueryPlan(torch.arange(num_tokens, device=device), req_index, kv_lens.to(torch.int32), md.max_seq_len)
-
-
 class TorchAttentionImpl:
     DECODE_GROUP = 8  # decodes per batched gather + SDPA
 
@@ -115,9 +90,6 @@ class TorchAttentionImpl:
     def do_kv_cache_update(self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
                            slot_mapping: torch.Tensor) -> None:
         """The write path: token i's K/V lands in slot slot_mapping[i] (-1 is padding, skipped)."""
-        if _C.usable(key, kv_cache) and _C.heads_contiguous(key, value):
-            _C.reshape_and_cache(key, value, kv_cache[0], kv_cache[1], slot_mapping)
-            return
         num_kv_heads, head_size = key.shape[1:]
         if slot_mapping.numel() and int(slot_mapping.min()) < 0:
             valid = slot_mapping >= 0
@@ -129,16 +101,8 @@ class TorchAttentionImpl:
                 attn_metadata: AttentionMetadata, output: torch.Tensor) -> torch.Tensor:
         """The read path: each request's history is found block by block through its block_table row."""
         key_cache, value_cache = kv_cache[0], kv_cache[1]  # [num_blocks, block_size, num_kv_heads, head_size]
-        compiled = _C.usable(query, key_cache) and _C.heads_contiguous(query, output)
-        if self._plan is None or self._plan[0] is not attn_metadata:
-            plan = plan_queries(attn_metadata) if compiled else plan_step(attn_metadata, key_cache.shape[1],
-                                                                         self.DECODE_GROUP)
-            self._plan = (attn_metadata, plan)
-        if compiled:  # one call for every query token, history read in place through block_table
-            p = self._plan[1]
-            _C.paged_attention(output, query, key_cache, value_cache, attn_metadata.block_table, p.token_index,
-                               p.req_index, p.kv_lens, p.max_kv_len, layer.scale)
-            return output
+        if self._plan is None or self._plan[0] is not attn_metadata:  # planned once per step, for every layer
+            self._plan = (attn_metadata, plan_step(attn_metadata, key_cache.shape[1], self.DECODE_GROUP))
         groups, chunks = self._plan[1]
         for g in groups:
             k = gather_blocks(key_cache, g.rows).flatten(1, 2).transpose(1, 2)  # [n, num_kv_heads, L, head_size]

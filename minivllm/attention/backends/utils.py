@@ -22,12 +22,7 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor  # [num_tokens] int64, where each new token's K/V is written
     query_start_loc_cpu: list[int]
     seq_lens_cpu: list[int]
-    causal: bool = True
 
     @property
     def num_reqs(self) -> int:
         return len(self.seq_lens_cpu)
-
-    def query_lens_cpu(self) -> list[int]:
-        qsl = self.query_start_loc_cpu
-        return [qsl[i + 1] - qsl[i] for i in range(self.num_reqs)]

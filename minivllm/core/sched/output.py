@@ -16,15 +16,16 @@ class NewRequestData:
     req_id: str
     prompt_token_ids: list[int]
     sampling_params: SamplingParams
-    block_ids: list[int]
-    num_computed_tokens: int
+    block_ids: list[int]  # every block, prefix-cache hits first
+    num_computed_tokens: int  # > 0 when the head of the prompt was found in the prefix cache
 
 
 @dataclass
 class CachedRequestData:
     req_ids: list[str] = field(default_factory=list)
     resumed_from_preemption: list[bool] = field(default_factory=list)
-    # a resumed request restarts from scratch: the runner needs every token again
+    # a resumed request's row is rebuilt: the runner needs every token again (and, in new_block_ids, every
+    # block: its computation restarts at num_computed_tokens, 0 or its own blocks found in the prefix cache)
     resumed_req_token_ids: list[list[int] | None] = field(default_factory=list)
     new_block_ids: list[list[int]] = field(default_factory=list)
     num_computed_tokens: list[int] = field(default_factory=list)

@@ -1,18 +1,22 @@
 """Mirror of vllm/v1/core/sched/scheduler.py: decide, each step, who advances by how many tokens.
 
 The scheduler knows nothing of tensors: it reads requests and the block pool and
-writes a SchedulerOutput. Left out: prefix caching, speculative decoding,
-encoder inputs, structured output, KV connectors, async scheduling.
+writes a SchedulerOutput. With prefix caching a waiting request is admitted at
+the end of its longest cached prefix and charged budget only for the rest.
+Left out: speculative decoding, encoder inputs, structured output, KV
+connectors, async scheduling.
 """
 from __future__ import annotations
 
 from minivllm.config import CacheConfig, SchedulerConfig
-from minivllm.core.kv_cache_manager import KVCacheManager, cdiv
+from minivllm.core.kv_cache_manager import KVCacheManager
 from minivllm.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
 from minivllm.core.sched.request_queue import create_request_queue
+from minivllm.core.sched.utils import check_stop, remove_all
 from minivllm.engine import EngineCoreOutput, EngineCoreOutputs
 from minivllm.outputs import ModelRunnerOutput
 from minivllm.request import Request, RequestStatus
+from minivllm.utils.math_utils import cdiv
 
 
 def check_request_fits(num_prompt_tokens: int, max_tokens: int | None, max_model_len: int,
@@ -38,7 +42,8 @@ class Scheduler:
         self.scheduler_config = scheduler_config
         self.cache_config = cache_config
         self.max_model_len = scheduler_config.max_model_len
-        self.kv_cache_manager = KVCacheManager(cache_config.block_size, cache_config.num_gpu_blocks)
+        self.kv_cache_manager = KVCacheManager(cache_config.block_size, cache_config.num_gpu_blocks,
+                                               cache_config.enable_prefix_caching)
         self.requests: dict[str, Request] = {}
         self.waiting = create_request_queue(scheduler_config.policy)
         self.running: list[Request] = []
@@ -57,6 +62,7 @@ class Scheduler:
     # (KV already in the cache) and num_tokens (prompt + sampled outputs); every step hands out
     # tokens so the first catches up with the second: a whole or partial prompt, one decode token,
     # or a recompute after preemption. RUNNING requests are served first, WAITING ones get what is left.
+    # A prefix-cache hit is one more way to catch up: a waiting request starts at num_computed_tokens = hit.
     def schedule(self) -> SchedulerOutput:
         cfg = self.scheduler_config
         token_budget = cfg.max_num_batched_tokens
@@ -103,19 +109,28 @@ class Scheduler:
             if len(self.running) >= cfg.max_num_seqs:
                 break
             request = self.waiting.peek_request()
-            num_new_tokens = self._num_new_tokens(request)
+            # The cached prefix (whole blocks, never the last token) is computed already: a 55-token prompt
+            # whose first 48 tokens are cached starts at 48 and costs 7 tokens of budget.
+            computed_blocks, num_computed_tokens = self.kv_cache_manager.get_computed_blocks(request)
+            num_new_tokens = self._num_new_tokens(request, num_computed_tokens)
             if not cfg.enable_chunked_prefill and num_new_tokens > token_budget:
                 break  # stays at the head of WAITING, retried whole next step
             num_new_tokens = min(num_new_tokens, token_budget)  # the chunked-prefill clamp
-            new_blocks = self.kv_cache_manager.allocate_slots(request, num_new_tokens)
+            new_blocks = self.kv_cache_manager.allocate_slots(request, num_new_tokens, num_computed_tokens,
+                                                              computed_blocks)
             if new_blocks is None:
                 break  # no blocks: waiting requests never preempt running ones
             self.waiting.pop_request()
+            self.kv_cache_manager.record_prefix_cache_stats(request, num_computed_tokens)
             (scheduled_resumed if request.status == RequestStatus.PREEMPTED else scheduled_new).append(request)
             request.status = RequestStatus.RUNNING
+            request.num_computed_tokens = num_computed_tokens
+            if request.num_cached_tokens < 0:  # the first admission's hit is what the caller sees
+                request.num_cached_tokens = num_computed_tokens
             self.running.append(request)
             num_scheduled_tokens[request.request_id] = num_new_tokens
-            new_block_ids[request.request_id] = [b.block_id for b in new_blocks]
+            # every block, hits included: the runner builds an admitted request's row from scratch
+            new_block_ids[request.request_id] = self.kv_cache_manager.get_block_ids(request.request_id)
             token_budget -= num_new_tokens
 
         # Pack the plan, then advance the progress model (vLLM's _update_after_schedule).
@@ -142,19 +157,24 @@ class Scheduler:
         self.finished_req_ids = set()
         return output
 
-    def _num_new_tokens(self, request: Request) -> int:
-        """How far num_computed_tokens is behind num_tokens, capped by long_prefill_token_threshold.
-
-        The cap applies only with chunked prefill on (a cap on chunks: no chunking, no cap).
+    def _num_new_tokens(self, request: Request, num_computed_tokens: int | None = None) -> int:
+        """How far num_computed_tokens (or, at admission, the cache hit) trails num_tokens, capped by
+        long_prefill_token_threshold. The cap applies only with chunked prefill on (no chunking, no cap).
         """
-        num_new_tokens = request.num_tokens - request.num_computed_tokens
+        if num_computed_tokens is None:
+            num_computed_tokens = request.num_computed_tokens
+        num_new_tokens = request.num_tokens - num_computed_tokens
         cfg = self.scheduler_config
         if cfg.enable_chunked_prefill and cfg.long_prefill_token_threshold:
             num_new_tokens = min(num_new_tokens, cfg.long_prefill_token_threshold)
         return num_new_tokens
 
     def _preempt_request(self, request: Request) -> None:
-        """Preemption by recompute: drop the KV, forget the progress, go first in line."""
+        """Preemption by recompute: drop the KV, forget the progress, go first in line.
+
+        With prefix caching the freed blocks stay cached, so unless they are evicted meanwhile the
+        request's readmission hits its own old blocks and recomputes only what was lost.
+        """
         self.kv_cache_manager.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
@@ -166,7 +186,7 @@ class Scheduler:
                            model_runner_output: ModelRunnerOutput) -> EngineCoreOutputs:
         """Append sampled tokens, check stops, free what finished, report the deltas."""
         outputs: list[EngineCoreOutput] = []
-        stopped: set[Request] = set()
+        stopped_running_reqs: set[Request] = set()
         logprobs = model_runner_output.logprobs
         for req_id in scheduler_output.num_scheduled_tokens:
             request = self.requests.get(req_id)
@@ -176,40 +196,36 @@ class Scheduler:
             generated = model_runner_output.sampled_token_ids[req_index]
             if not generated:
                 continue  # a partial prefill chunk samples nothing
-            new_token_ids = []
-            for token_id in generated:
-                request.output_token_ids.append(token_id)
-                new_token_ids.append(token_id)
-                if self._check_stop(request):
-                    break
+            new_token_ids, stopped = self._update_request_with_output(request, generated)
             new_logprobs = logprobs[req_index][:len(new_token_ids)] if logprobs and logprobs[req_index] else None
-            if request.is_finished():
-                stopped.add(request)
-                self._free_request(request)
+            if stopped and self._handle_stopped_request(request):
+                stopped_running_reqs.add(request)
             outputs.append(EngineCoreOutput(req_id, new_token_ids, new_logprobs,
                                             request.get_finished_reason(), request.stop_reason,
-                                            model_runner_output.prompt_logprobs_dict.get(req_id)))
-        if stopped:
-            self.running = [r for r in self.running if r not in stopped]
+                                            model_runner_output.prompt_logprobs_dict.get(req_id),
+                                            num_cached_tokens=request.num_cached_tokens))
+        if stopped_running_reqs:
+            self.running = remove_all(self.running, stopped_running_reqs)
         return EngineCoreOutputs(outputs=outputs)
 
-    def _check_stop(self, request: Request) -> bool:
-        params = request.sampling_params
-        max_tokens = params.max_tokens if params.max_tokens is not None else self.max_model_len
-        if request.num_tokens >= self.max_model_len or request.num_output_tokens >= max_tokens:
-            request.status = RequestStatus.FINISHED_LENGTH_CAPPED
-            return True
-        if request.num_output_tokens < params.min_tokens:
-            return False
-        last = request.output_token_ids[-1]
-        if not params.ignore_eos and last == request.eos_token_id:
-            request.status = RequestStatus.FINISHED_STOPPED
-            return True
-        if last in params.stop_token_ids:
-            request.status = RequestStatus.FINISHED_STOPPED
-            request.stop_reason = last
-            return True
-        return False
+    def _update_request_with_output(self, request: Request, new_token_ids: list[int]) -> tuple[list[int], bool]:
+        """Append the sampled tokens one by one, stopping at the first that ends the request.
+
+        Returns the tokens kept (a token after a stop is dropped) and whether the request stopped.
+        """
+        for i, token_id in enumerate(new_token_ids):
+            request.append_output_token_ids(token_id)  # also hashes a block the token fills
+            if check_stop(request, self.max_model_len):
+                return new_token_ids[:i + 1], True
+        return new_token_ids, False
+
+    def _handle_stopped_request(self, request: Request) -> bool:
+        """A stopped request is finished: its blocks go back to the pool now. True: take it out of running.
+
+        (vLLM also resumes a streaming-input session here instead of finishing it; minivllm has none.)
+        """
+        self._free_request(request)
+        return True
 
     def finish_requests(self, request_ids, finished_status: RequestStatus) -> None:
         """Finish requests from outside the step (abort, stop string): out of the queues, blocks freed."""
@@ -217,7 +233,7 @@ class Scheduler:
         ids = [request_ids] if isinstance(request_ids, str) else request_ids
         requests = [self.requests[i] for i in ids if i in self.requests]
         running = {r for r in requests if r.status == RequestStatus.RUNNING}
-        self.running = [r for r in self.running if r not in running]
+        self.running = remove_all(self.running, running)
         self.waiting.remove_requests({r for r in requests if r not in running})
         for request in requests:
             request.status = finished_status
@@ -227,6 +243,10 @@ class Scheduler:
         self.kv_cache_manager.free(request)
         self.finished_req_ids.add(request.request_id)
         del self.requests[request.request_id]
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix; False while requests hold blocks (vLLM's default, no forced preemption)."""
+        return self.kv_cache_manager.reset_prefix_cache()
 
     def get_num_unfinished_requests(self) -> int:
         return len(self.waiting) + len(self.running)

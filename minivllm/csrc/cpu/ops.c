@@ -281,6 +281,8 @@ void paged_attention(float *out, const float *query, const float *key_cache, con
 #define PANEL 32
 #define ROWS 8
 
+int64_t panel_width(void) { return PANEL; }  /* the packed layout's panel, read by _C.py */
+
 void pack_linear_weight(float *packed, const float *weight, int64_t n, int64_t k) {
     int64_t panels = (n + PANEL - 1) / PANEL;
 #pragma omp parallel for schedule(static)

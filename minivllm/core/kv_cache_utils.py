@@ -1,0 +1,153 @@
+"""Mirror of vllm/v1/core/kv_cache_utils.py: block hashes for prefix caching, and the KV cache's size.
+
+Block hashes: a full block is named by a hash of its parent block's hash and its own token ids, so one
+hash stands for the whole prefix up to the block's end (`hash_block_tokens`, seeded by `NONE_HASH` for
+the first block). `get_request_block_hasher` gives a Request the function that hashes each block its
+tokens fill. Sizes: `resolve_sizes` turns the engine arguments and the model's config into
+(max_model_len, num_gpu_blocks), and refuses up front, naming the argument, a size the machine cannot
+hold. vLLM profiles a forward pass on the GPU to find what is left for the cache; minivllm reads the free
+memory instead (see resolve_sizes). Left out: extra hash keys (LoRA ids, multimodal hashes, cache_salt),
+a choice of hash function, hybrid/sliding-window cache groups, per-layer specs, KV offloading.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import struct
+from typing import TYPE_CHECKING, Callable, NewType, Sequence
+
+from minivllm.config import EngineConfig
+from minivllm.utils.math_utils import cdiv
+
+if TYPE_CHECKING:
+    from minivllm.request import Request
+
+BlockHash = NewType("BlockHash", bytes)  # 32 bytes of sha256
+
+# The "parent" of every request's first block. vLLM draws it at random per process unless PYTHONHASHSEED
+# is set; minivllm fixes it, so hashes (and what the notebooks print) repeat from run to run.
+NONE_HASH = BlockHash(hashlib.sha256(b"minivllm NONE_HASH").digest())
+
+
+def hash_block_tokens(parent_block_hash: BlockHash | None, curr_block_token_ids: Sequence[int]) -> BlockHash:
+    """sha256(parent hash || token ids as little-endian int64): a stable name for a block and its whole prefix.
+
+    Not Python's hash(): 64 bits (collisions can be found) and, for bytes and str, salted per process.
+    hash_block_tokens(None, [7] * 16) names block 0 of any prompt of sixteen 7s; block 1 of a longer such
+    prompt is hash_block_tokens(<that hash>, [7] * 16), which differs from it: the chain carries position.
+    """
+    parent = NONE_HASH if parent_block_hash is None else parent_block_hash
+    tokens = struct.pack(f"<{len(curr_block_token_ids)}q", *curr_block_token_ids)
+    return BlockHash(hashlib.sha256(parent + tokens).digest())
+
+
+def get_request_block_hasher(block_size: int) -> Callable[["Request"], list[BlockHash]]:
+    """The function a Request calls whenever tokens arrive: the hashes of the blocks they newly filled.
+
+    A 55-token prompt at block_size 16 gets 3 hashes (tokens 0-47); its 9th output, token 64, fills
+    block 3 and adds a 4th. A partial block is never hashed.
+    """
+    def request_block_hasher(request: "Request") -> list[BlockHash]:
+        start = len(request.block_hashes) * block_size
+        if start + block_size > request.num_tokens:
+            return []  # no new full block: the common case of a decode step
+        token_ids = request.all_token_ids
+        parent = request.block_hashes[-1] if request.block_hashes else None
+        new_hashes = []
+        while start + block_size <= len(token_ids):
+            parent = hash_block_tokens(parent, token_ids[start:start + block_size])
+            new_hashes.append(parent)
+            start += block_size
+        return new_hashes
+
+    return request_block_hasher
+
+
+def max_model_len_for(config: EngineConfig, hf_config) -> int:
+    limit = hf_config.max_position_embeddings
+    if config.max_model_len is not None and config.max_model_len > limit:
+        raise ValueError(f"max_model_len={config.max_model_len} exceeds the model's "
+                         f"max_position_embeddings={limit}: lower max_model_len.")
+    return config.max_model_len or limit
+
+
+def kv_cache_shape(num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
+                   head_size: int) -> tuple[int, ...]:
+    """The KV cache of every layer as one tensor: [layers, 2 (K, V), blocks, block_size, kv_heads, head_size]."""
+    return (num_layers, 2, num_blocks, block_size, num_kv_heads, head_size)
+
+
+def kv_cache_bytes_per_block(hf_config, block_size: int, itemsize: int) -> int:
+    """K and V of one block in every layer: the unit the pool is sized in."""
+    heads = getattr(hf_config, "num_key_value_heads", None) or hf_config.num_attention_heads
+    head_size = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
+    return math.prod(kv_cache_shape(hf_config.num_hidden_layers, 1, block_size, heads, head_size)) * itemsize
+
+
+_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
+DEFAULT_KV_CACHE_BYTES = 512 * 2**20  # the pool when nothing sizes it (as vLLM's CPU backend, a fixed KV space)
+
+
+def available_memory_bytes() -> int | None:
+    """What the OS could still hand this process (MemAvailable), or None where that cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def free_memory_bytes(device: str) -> int | None:
+    """Free memory on the device: torch.cuda.mem_get_info() on a GPU, MemAvailable on the CPU."""
+    if device == "cuda":
+        import torch
+        return torch.cuda.mem_get_info()[0]
+    return available_memory_bytes()
+
+
+def _kv_cache_request(config: EngineConfig, per_block: int) -> tuple[int, str]:
+    """(num_blocks, the argument that set it). Precedence as vLLM: block override, bytes, utilization."""
+    if config.num_gpu_blocks_override:
+        return config.num_gpu_blocks_override, "num_gpu_blocks_override"
+    if config.kv_cache_memory_bytes:
+        return max(2, config.kv_cache_memory_bytes // per_block), "kv_cache_memory_bytes"
+    if config.gpu_memory_utilization:
+        free = free_memory_bytes(config.device)
+        if free is None:
+            raise ValueError("gpu_memory_utilization needs the free memory, which this OS does not report "
+                             "(/proc/meminfo): set kv_cache_memory_bytes instead.")
+        return max(2, int(config.gpu_memory_utilization * free) // per_block), "gpu_memory_utilization"
+    return max(2, DEFAULT_KV_CACHE_BYTES // per_block), "kv_cache_memory_bytes"
+
+
+def resolve_sizes(config: EngineConfig, hf_config) -> tuple[int, int]:
+    """(max_model_len, num_gpu_blocks) for this model; a size the machine cannot hold is a ValueError up front.
+
+    Checked on the CPU against MemAvailable: the KV pool, plus the runner's per-request rows
+    (max_num_seqs x max_model_len token ids and block-table entries). LLMEngine calls this before the
+    model loads, to fail fast; EngineCore calls it again once the weights are in memory, so that
+    gpu_memory_utilization takes its fraction of what is free after them. vLLM's fraction is of the
+    whole device, weights included; on a CPU shared with the OS that total means little, so minivllm
+    sizes only the KV cache from what is left.
+    """
+    max_model_len = max_model_len_for(config, hf_config)
+    per_block = kv_cache_bytes_per_block(hf_config, config.block_size, _ITEMSIZE[config.dtype])
+    num_blocks, which = _kv_cache_request(config, per_block)
+    available = available_memory_bytes() if config.device == "cpu" else None
+    if available is None:
+        return max_model_len, num_blocks
+    gib = 2**30
+    kv_bytes = num_blocks * per_block
+    if kv_bytes > available:
+        raise ValueError(f"{which} asks for a KV cache of {num_blocks} blocks = {kv_bytes / gib:.1f} GiB, but this "
+                         f"machine has {available / gib:.1f} GiB available: lower {which}.")
+    rows = config.max_num_seqs * (max_model_len * 8 + cdiv(max_model_len, config.block_size) * 4)
+    if kv_bytes + rows > available:
+        raise ValueError(f"max_num_seqs={config.max_num_seqs} at max_model_len={max_model_len} needs "
+                         f"{rows / gib:.1f} GiB of per-request rows besides the {kv_bytes / gib:.1f} GiB KV cache, "
+                         f"but this machine has {available / gib:.1f} GiB available: lower max_num_seqs or "
+                         f"max_model_len.")
+    return max_model_len, num_blocks
