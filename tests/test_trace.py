@@ -201,3 +201,19 @@ def test_bad_option_value_is_a_clear_error(capsys):
     with pytest.raises(SystemExit):
         main(["trace", "--width", "20"])
     assert "too narrow" in capsys.readouterr().err
+
+
+def test_shared_prefix_shows_the_neighbours_hit_on_the_followed_requests_blocks(tmp_path):
+    system = "You are a helpful assistant. Answer every question in one short sentence, plainly and truthfully. "
+    text, _ = run_to_text(trace_args(tmp_path, "p.json", "--shared-prefix", system, "--max-tokens", "4",
+                                     "--in-process"))
+    step1 = Trace.from_json(tmp_path / "p.json").of_kind("schedule")[0]
+    new = {n["req_id"]: n for n in step1["scheduled_new_reqs"]}
+    assert new["0"]["num_computed_tokens"] == 0  # the followed request computes the prefix ...
+    first_block = new["0"]["block_ids"][0]
+    flat = " ".join(text.split())  # notes wrap at 80 columns
+    for req_id in ("1", "2"):  # ... and its neighbours, admitted after it in the same step, start past it
+        assert new[req_id]["num_computed_tokens"] == 16 and new[req_id]["block_ids"][0] == first_block
+        assert f"{req_id} admitted from WAITING: " in flat and "after 16 found in the prefix cache" in flat
+    assert f"1 prefix-cache hit: blocks [{first_block}] (tokens 0..15), shared with [0, 2]: ref_cnt [3]" in flat
+    assert "| 1      | new  |       16 |" in text

@@ -6,7 +6,9 @@ back to the pool, and a request that waited for a slot is admitted mid-run.
 All requests are submitted in one message, so every run prints the same trace.
 The steps where something happens (an admission, a preemption, a resume, a
 finish, a prefill chunk of the focus request) print in full, the others one
-line each; the width follows the terminal unless --width fixes it.
+line each; the width follows the terminal unless --width fixes it. With
+--shared-prefix every prompt starts with the same text, so the neighbours'
+admissions show prefix-cache hits on the traced request's blocks.
 """
 from __future__ import annotations
 
@@ -26,6 +28,10 @@ NEIGHBOURS = [
 
 def add_trace_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt", default="Once upon a time", help="the traced request's prompt (default: %(default)r)")
+    p.add_argument("--shared-prefix", default="", metavar="TEXT",
+                   help="put TEXT (e.g. a system prompt) before every prompt, the traced one's and each "
+                        "neighbour's: once the traced request has cached its full blocks, a neighbour is admitted "
+                        "past them (num_computed_tokens > 0) and shares those blocks (ref_cnt > 1)")
     p.add_argument("--max-tokens", type=int, default=24, help="tokens the traced request generates (greedy)")
     p.add_argument("--neighbours", type=int, default=3, choices=range(0, len(NEIGHBOURS) + 1), metavar="N",
                    help=f"neighbour requests sharing the engine, 0-{len(NEIGHBOURS)} (default: %(default)s)")
@@ -79,8 +85,9 @@ def run_trace(args: argparse.Namespace, console=None):
               max_num_seqs=args.max_num_seqs, num_gpu_blocks_override=args.num_blocks,
               max_model_len=2048, multiprocess=not args.in_process)
     try:
-        prompts = [(args.prompt, SamplingParams(temperature=0, max_tokens=args.max_tokens))]
-        prompts += [(p, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
+        prefix = getattr(args, "shared_prefix", "")
+        prompts = [(prefix + args.prompt, SamplingParams(temperature=0, max_tokens=args.max_tokens))]
+        prompts += [(prefix + p, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
                     for p, n in NEIGHBOURS[:args.neighbours]]
         trace = run_traced(llm, prompts)
         tokenizer = llm.llm_engine.tokenizer

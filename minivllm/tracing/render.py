@@ -20,12 +20,13 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from minivllm.tracing.prefix import prefix_hit_notes
+from minivllm.tracing.text import NBSP, atom, clip, fmt_list  # noqa: F401  (fmt_list: notebooks use it)
 from minivllm.tracing.tracer import Trace
 
 WIDTH = 80       # notebooks, tests and piped output: the width a reader has beside the article
 MIN_WIDTH = 40   # below this no layout stays readable
 WIDE = 100       # from here on, tables spell out vLLM's field names
-NBSP = "\xa0"    # textwrap never breaks here: keeps "0:' the'" or "block_table[3, 1]" on one line
 
 
 def terminal_width(default: int = WIDTH) -> int:
@@ -41,11 +42,6 @@ def make_console(file=None, width: int = WIDTH) -> Console:
                    emoji=False, markup=False)
 
 
-def atom(text: str) -> str:
-    """Glue a piece so wrapping never splits it."""
-    return text.replace(" ", NBSP)
-
-
 def put(console: Console, head: str, body: str = "") -> None:
     """Print head + body wrapped at the console width, continuation lines indented under the body.
 
@@ -57,30 +53,6 @@ def put(console: Console, head: str, body: str = "") -> None:
     for line in lines or [""]:
         console.print(line.replace(NBSP, " "))
 
-
-def fmt_list(values, limit: int = 20) -> str:
-    """[1, 2, 3] in full up to `limit` items, else the head, "…", the tail and the count."""
-    values = list(values)
-    if len(values) <= limit:
-        return "[" + ", ".join(map(str, values)) + "]"
-    head, tail = values[:limit - 4], values[-3:]
-    return "[" + ", ".join(map(str, head)) + ", …, " + ", ".join(map(str, tail)) + f"] (n={len(values)})"
-
-
-def clip(text: str, room: int) -> str:
-    """repr(text) in at most `room` characters: if it does not fit, cut at a word and mark the cut.
-
-    E.g. clip(" the cache needs to", 16) -> "' the cache'…" (the quote closes where the text was cut).
-    """
-    if len(repr(text)) <= room:
-        return repr(text)
-    keep = text
-    while keep and len(repr(keep)) + 1 > room:
-        keep = keep[:-1]
-    space = keep.rfind(" ")
-    if space > len(keep) // 2:
-        keep = keep[:space]
-    return repr(keep) + "…"
 
 
 def queues(waiting, running) -> str:
@@ -224,7 +196,7 @@ def render_trace(trace: Trace, console: Console, full_steps: int = 0, focus: str
             step = by_step[e["step"]]
             if "update" not in step:
                 continue
-            notes = happenings(e, step["update"], focus, prompt_lens)
+            notes = happenings(e, step["update"], focus, prompt_lens) + prefix_hit_notes(e, info["block_size"])
             if notes or e["step"] <= full_steps:
                 console.rule(f"EngineCore.step() #{e['step']}: schedule -> execute_model -> update_from_output")
                 for note in notes:
