@@ -7,7 +7,7 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from plots import (fig2_process_boundary, fig3_schedule_step, fig4_preemption, fig5_packing, fig6_forward_context,
-                   fig7_slot_mapping, fig8_sampling_and_release, timeline)
+                   fig7_slot_mapping, fig8_sampling_and_release, fig9_prefix_cache, timeline)
 from plots.common import DPI
 from plots.runs import NOTEBOOK_RUNS, Runs, collect
 
@@ -24,6 +24,7 @@ def draw_all(runs: Runs) -> dict[str, Figure]:
             fig7_slot_mapping.NAME: fig7_slot_mapping.draw(t["05_paged_kv_cache"]),
             fig8_sampling_and_release.NAME: fig8_sampling_and_release.draw(t["06_sampling_and_reclamation"],
                                                                            runs.decode),
+            fig9_prefix_cache.NAME: fig9_prefix_cache.draw(runs.prefix),
             timeline.NAME: timeline.draw(t["06_sampling_and_reclamation"])}
 
 

@@ -1,7 +1,8 @@
 """The engine runs the figures are drawn from: each is the run a notebook prints, on a fresh engine.
 
 So a figure's step numbers, request ids and block ids are the ones its notebook shows (fig4 resumes the
-victim at the step notebook 02 prints; fig5 is notebook 03's packing of the article's A, B and C).
+victim at the step notebook 02 prints; fig5 is notebook 03's packing of the article's A, B and C; fig9 is
+notebook 07's staggered A-then-B admission, which run_traced's one-message submit cannot reproduce).
 tests/test_figures.py runs notebook 02's own cell and checks that fig4 agrees with it.
 """
 from __future__ import annotations
@@ -38,6 +39,12 @@ NOTEBOOK_RUNS = {
                                     [("Once upon a time", greedy(6)),
                                      ("The capital of France is", greedy(3, ignore_eos=True))]),
 }
+SYSTEM = ("You are a helpful assistant. Answer every question in one short sentence, plainly and "
+          "truthfully, and never make up facts that you do not know for certain. ")
+# notebook 07: A is added and steps once alone, then B arrives and is admitted on A's cached blocks
+PREFIX_RUN = (dict(multiprocess=False, num_gpu_blocks_override=12, block_size=16, max_model_len=256),
+              {"A": (SYSTEM + "Question: What is the capital of France? Answer:", greedy(6, ignore_eos=True)),
+               "B": (SYSTEM + "Question: Who wrote the play Hamlet? Answer:", greedy(6, ignore_eos=True))})
 
 
 @dataclass
@@ -46,6 +53,28 @@ class Runs:
     packing: dict  # the article's A/B/C step: {"batch": describe_batch(...), "block_size": 16}
     num_layers: int
     decode: Callable[[int], str]
+    prefix: dict  # notebook 07: {"trace", "step": B's admission, "blocks": {req: [(id, ref_cnt, hash hex)]}}
+
+
+def prefix_cache_run(model: str | None = None) -> dict:
+    """Notebook 07's admission cell on a fresh engine, traced to the end; right after B's admission step it
+    reads every block A and B hold from the live KVCacheManager: (block_id, ref_cnt, block hash hex or None)."""
+    engine_args, requests = PREFIX_RUN
+    llm = LLM(model, **engine_args)
+    engine = llm.llm_engine
+    manager = engine.engine_core.engine_core.scheduler.kv_cache_manager
+    try:
+        trace = engine.enable_tracing()
+        for name, (prompt, params) in requests.items():
+            engine.add_request(name, prompt, params)
+            engine.step()
+        blocks = {r: [(b.block_id, b.ref_cnt, b.block_hash and b.block_hash.hex()) for b in manager.req_to_blocks[r]]
+                  for r in requests}
+        while engine.has_unfinished_requests():
+            engine.step()
+        return {"trace": trace, "step": len(requests), "blocks": blocks}
+    finally:
+        llm.shutdown()
 
 
 def article_packing(llm: LLM) -> dict:
@@ -88,4 +117,4 @@ def collect(model: str | None = None) -> Runs:
     finally:
         llm.shutdown()
     traces = {name: trace_notebook(name, model) for name in NOTEBOOK_RUNS}
-    return Runs(traces, packing, num_layers, decode=lambda t: tokenizer.decode([t]))
+    return Runs(traces, packing, num_layers, decode=lambda t: tokenizer.decode([t]), prefix=prefix_cache_run(model))

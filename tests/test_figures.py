@@ -19,12 +19,13 @@ if str(ROOT) not in sys.path:  # plots/ is a top-level folder of the repository,
 
 from plots import __main__ as cli  # noqa: E402
 from plots import (fig2_process_boundary, fig3_schedule_step, fig4_preemption, fig5_packing,  # noqa: E402
-                   fig6_forward_context, fig7_slot_mapping, fig8_sampling_and_release, timeline)
+                   fig6_forward_context, fig7_slot_mapping, fig8_sampling_and_release,
+                   fig9_prefix_cache, timeline)
 from plots.common import DPI, SIZE  # noqa: E402
 from plots.runs import NOTEBOOK_RUNS, collect  # noqa: E402
 
 MODULES = [fig2_process_boundary, fig3_schedule_step, fig4_preemption, fig5_packing, fig6_forward_context,
-           fig7_slot_mapping, fig8_sampling_and_release, timeline]
+           fig7_slot_mapping, fig8_sampling_and_release, fig9_prefix_cache, timeline]
 
 
 @pytest.fixture(scope="module")
@@ -189,6 +190,39 @@ def test_sampling_rows_tokens_and_freed_blocks(runs):
     release = next(e for e in trace.of_kind("update") if e["freed"])
     assert sorted(int(g[6:]) for g in ids if g.startswith("freed:")) == sorted(
         b for blocks in release["freed"].values() for b in blocks)
+
+
+def notebook_07_blocks():
+    """Run notebook 07's cells up to B's admission (setup, block hashes, admission) and return, from its live
+    KVCacheManager, every block A and B hold as (block_id, ref_cnt, short hash), and B's admission event."""
+    cells = [c for c in json.loads((ROOT / "notebooks" / "07_prefix_caching.ipynb").read_text())["cells"]
+             if c["cell_type"] == "code"]
+    admission = next(i for i, c in enumerate(cells) if 'engine.add_request("B"' in "".join(c["source"]))
+    namespace: dict = {}
+    for cell in cells[:admission + 1]:
+        exec("".join(cell["source"]), namespace)
+    manager, short = namespace["manager"], namespace["short"]
+    blocks = {r: [(b.block_id, b.ref_cnt, short(b.block_hash)) for b in manager.req_to_blocks[r]]
+              for r in namespace["PROMPTS"]}
+    admitted = namespace["trace"].of_kind("schedule")[1]["scheduled_new_reqs"][0]
+    namespace["llm"].shutdown()
+    return blocks, admitted
+
+
+def test_fig9_shares_the_blocks_notebook_07s_engine_shares(runs, capsys):
+    blocks, admitted = notebook_07_blocks()
+    capsys.readouterr()
+    shared = [b for b, ref, _ in blocks["A"] if ref == 2]
+    assert shared == [b for b, _, _ in blocks["B"][:2]] and fig9_prefix_cache.shared_blocks(runs.prefix) == shared
+    fig = fig9_prefix_cache.draw(runs.prefix)
+    ids, joined = gids(fig), texts(fig)
+    assert sorted(int(g[7:]) for g in ids if g.startswith("shared:")) == shared
+    assert sorted(g for g in ids if g.startswith("own:")) == sorted(f"own:{t[-1][0]}" for t in blocks.values())
+    for b, ref, short in blocks["A"][:2]:
+        assert f"hash {short}" in joined and f"ref_cnt={ref}" in joined
+    assert f"admitted:{admitted['req_id']}:{admitted['num_computed_tokens']}" in ids
+    assert sorted(g for g in ids if g.startswith("arrow:")) == sorted(
+        f"arrow:{r}:{j}" for r, t in blocks.items() for j in range(len(t)))
 
 
 def test_timeline_bars_are_num_scheduled_tokens(runs):
