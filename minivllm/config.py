@@ -8,13 +8,13 @@ quantization, LoRA and multimodal configs.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from minivllm import envs
 from minivllm.profiler import check_profiler_config
+from minivllm.utils.math_utils import is_int, is_number
 
 
 def _require(ok: bool, message: str) -> None:
@@ -64,9 +64,8 @@ _INT, _FLOAT, _BOOL, _STR, _DICT = "an int", "a finite number", "True or False",
 def _check_type(name: str, value, kind: str, optional: bool = False) -> None:
     if value is None and optional:
         return
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    ok = {_INT: number and isinstance(value, int), _FLOAT: number and math.isfinite(value),
-          _BOOL: isinstance(value, bool), _STR: isinstance(value, str), _DICT: isinstance(value, dict)}[kind]
+    ok = {_INT: is_int, _FLOAT: is_number, _BOOL: lambda v: isinstance(v, bool),
+          _STR: lambda v: isinstance(v, str), _DICT: lambda v: isinstance(v, dict)}[kind](value)
     if not ok:
         raise ValueError(f"Engine argument {name} must be {kind}{' or None' if optional else ''}, "
                          f"got {value!r} ({type(value).__name__}).")

@@ -13,18 +13,11 @@ requests by the caller-side engine (minivllm/engine/parallel_sampling.py).
 from __future__ import annotations
 
 import copy
-import math
 from dataclasses import dataclass, field
 
+from minivllm.utils.math_utils import is_int, is_number  # noqa: F401  (is_int: also the engine's check)
+
 SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed accepts
-
-
-def is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def is_number(value) -> bool:
-    return (is_int(value) or isinstance(value, float)) and math.isfinite(value)
 
 
 @dataclass

@@ -15,7 +15,6 @@ import hashlib
 import importlib.util
 import json
 import logging
-import math
 import os
 import shutil
 import tempfile
@@ -25,6 +24,7 @@ import torch
 
 from minivllm import envs
 from minivllm.models.layers import cpu_packed_linear_available, pack_linear_weights
+from minivllm.utils.math_utils import is_number
 
 logger = logging.getLogger("minivllm")
 
@@ -134,8 +134,7 @@ def check_positive_floats(raw: dict, folder: Path) -> None:
             value = section.get(name)
             if value is None:  # unset: the architecture's default applies
                 continue
-            number = isinstance(value, (int, float)) and not isinstance(value, bool)
-            if not (number and math.isfinite(value) and value > 0):
+            if not (is_number(value) and value > 0):
                 raise ValueError(f"{folder / 'config.json'}: {prefix}{name} must be a finite number > 0, "
                                  f"got {value!r}.")
 
