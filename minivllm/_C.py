@@ -8,7 +8,9 @@ OpenMP thread pool (the same libgomp), so `torch.set_num_threads` governs it too
 
 Without a compiler, with MINIVLLM_CPU_KERNELS=0, or on any failure to load (a refused folder, a
 dlopen error, a missing symbol), `available()` is False (logged once) and every caller keeps its
-PyTorch path, which the tests use as the reference. Left out: CUDA, bf16/fp16, fp8.
+PyTorch path, which the tests use as the reference. The ops take float32 and bfloat16 (arithmetic
+in float32, results rounded to bf16 where PyTorch's own ops round: see ops.c); the small-batch
+linear is float32 only (bf16 GEMMs go to oneDNN). Left out: CUDA, fp16, fp8.
 """
 from __future__ import annotations
 
@@ -82,9 +84,23 @@ def available() -> bool:
     return load() is not None
 
 
+DTYPES = {torch.float32: 0, torch.bfloat16: 1}  # ops.c's DTYPE_F32 / DTYPE_BF16
+
+
 def usable(*tensors: torch.Tensor) -> bool:
-    """True when the compiled ops can serve these tensors: all float32 on the CPU, library loaded."""
-    return all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors) and available()
+    """True when the compiled ops can serve these tensors: all on the CPU in one dtype the ops take
+    (float32 or bfloat16), library loaded."""
+    dtype = tensors[0].dtype
+    return (dtype in DTYPES and all(t.device.type == "cpu" and t.dtype == dtype for t in tensors)
+            and available())
+
+
+def _dtype(*tensors: torch.Tensor) -> int:
+    """ops.c's code for the tensors' one dtype; a ValueError for a mix or a dtype it does not take."""
+    dtypes = {t.dtype for t in tensors}
+    if len(dtypes) != 1 or tensors[0].dtype not in DTYPES:
+        raise ValueError(f"the compiled ops take float32 or bfloat16 tensors of one dtype, got {sorted(map(str, dtypes))}")
+    return DTYPES[tensors[0].dtype]
 
 
 def heads_contiguous(*tensors: torch.Tensor) -> bool:
@@ -93,7 +109,7 @@ def heads_contiguous(*tensors: torch.Tensor) -> bool:
 
 
 def _rows(x: torch.Tensor, width: int) -> int:
-    """Row stride of a 2-D float32 view whose rows are each contiguous."""
+    """Row stride of a 2-D view whose rows are each contiguous."""
     if x.dim() != 2 or x.shape[1] != width or (x.shape[0] > 1 and x.stride(1) != 1):
         raise ValueError(f"expected rows of {width} contiguous floats, got shape {tuple(x.shape)} strides {x.stride()}")
     return x.stride(0)
@@ -103,7 +119,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x [num_tokens, hidden] (rows may be strided) -> weight * x / rms(x), a new contiguous tensor."""
     hidden = weight.shape[0]
     out = torch.empty(x.shape[0], hidden, dtype=x.dtype)
-    _lib.rms_norm(out.data_ptr(), x.data_ptr(), weight.data_ptr(), x.shape[0], hidden, _rows(x, hidden), eps)
+    _lib.rms_norm(out.data_ptr(), x.data_ptr(), weight.data_ptr(), x.shape[0], hidden, _rows(x, hidden), eps,
+                 _dtype(x, weight))
     return out
 
 
@@ -111,7 +128,8 @@ def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
     """In place: residual += x, then x = rms_norm(residual). Both contiguous [num_tokens, hidden]."""
     if not (x.is_contiguous() and residual.is_contiguous() and x.shape == residual.shape):
         raise ValueError("fused_add_rms_norm needs two contiguous tensors of one shape")
-    _lib.fused_add_rms_norm(x.data_ptr(), residual.data_ptr(), weight.data_ptr(), x.shape[0], x.shape[1], eps)
+    _lib.fused_add_rms_norm(x.data_ptr(), residual.data_ptr(), weight.data_ptr(), x.shape[0], x.shape[1], eps,
+                               _dtype(x, residual, weight))
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
@@ -119,7 +137,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     x = x.contiguous()
     d = x.shape[-1] // 2
     out = torch.empty(*x.shape[:-1], d, dtype=x.dtype)
-    _lib.silu_and_mul(out.data_ptr(), x.data_ptr(), x.numel() // (2 * d) if d else 0, d)
+    _lib.silu_and_mul(out.data_ptr(), x.data_ptr(), x.numel() // (2 * d) if d else 0, d, _dtype(x))
     return out
 
 
@@ -134,7 +152,7 @@ def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: torch.Te
     positions = positions.to(torch.int64).contiguous()
     _lib.rotary_embedding(positions.data_ptr(), query.data_ptr(), key.data_ptr(), cos_cache.data_ptr(),
                           sin_cache.data_ptr(), num_tokens, num_heads, num_kv_heads, head_size,
-                          query.stride(0), key.stride(0))
+                          query.stride(0), key.stride(0), _dtype(query, key, cos_cache, sin_cache))
 
 
 def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
@@ -149,7 +167,8 @@ def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.T
         raise ValueError("reshape_and_cache needs contiguous caches")
     slot_mapping = slot_mapping.to(torch.int64).contiguous()
     _lib.reshape_and_cache(key.data_ptr(), value.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(),
-                           slot_mapping.data_ptr(), num_tokens, row, key.stride(0), value.stride(0))
+                           slot_mapping.data_ptr(), num_tokens, row, key.stride(0), value.stride(0),
+                           _dtype(key, value, key_cache, value_cache))
 
 
 def paged_attention(output: torch.Tensor, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
@@ -174,11 +193,14 @@ def paged_attention(output: torch.Tensor, query: torch.Tensor, key_cache: torch.
     _lib.paged_attention(output.data_ptr(), query.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(),
                          block_table.data_ptr(), token_index.data_ptr(), req_index.data_ptr(), kv_lens.data_ptr(),
                          token_index.numel(), num_heads, num_kv_heads, head_size, block_size, block_table.stride(0),
-                         query.stride(0), output.stride(0), max_kv_len, scale)
+                         query.stride(0), output.stride(0), max_kv_len, scale,
+                         _dtype(output, query, key_cache, value_cache))
 
 
 def pack_linear_weight(weight: torch.Tensor) -> torch.Tensor:
-    """W [n, k] -> panels [cdiv(n, 32), k, 32] (columns past n zero), the layout linear_small_batch streams."""
+    """W [n, k] float32 -> panels [cdiv(n, 32), k, 32] (columns past n zero), the layout linear_small_batch streams."""
+    if weight.dtype != torch.float32:
+        raise ValueError(f"the small-batch linear is float32 only, got {weight.dtype}")
     n, k = weight.shape
     weight = weight.detach().contiguous()
     panel = _lib.panel_width()

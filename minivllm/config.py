@@ -89,7 +89,9 @@ class EngineConfig:
     scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
     seed: int = 0
     max_logprobs: int = 20  # as vLLM: the most alternatives a request may ask for; -1 = no limit
-    dtype: Literal["float32", "float16", "bfloat16"] = "float32"
+    # "auto" as vLLM (minivllm/platforms.py): bfloat16 for SmolLM2 on a CPU with native bf16. The default
+    # stays float32, unlike vLLM's "auto": the notebooks and HF parity are float32 token for token.
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "float32"
     device: Literal["cpu", "cuda"] = "cpu"
     attention_backend: Literal["cpu", "torch", "triton"] | None = None  # None: triton on a GPU, cpu on the CPU
     generation_config: str = "auto"  # "auto": the model's generation_config.json; "vllm": neutral defaults
@@ -128,8 +130,8 @@ class EngineConfig:
                  f"process (no tensor parallelism); use 1")
         _require(self.scheduling_policy in ("fcfs", "priority"), "scheduling_policy must be 'fcfs' or 'priority'")
         _require(self.max_logprobs >= -1, "max_logprobs must be >= 0, or -1 for no limit")
-        _require(self.dtype in ("float32", "float16", "bfloat16"),
-                 f"dtype must be float32, float16 or bfloat16, got {self.dtype!r}")
+        _require(self.dtype in ("auto", "float32", "float16", "bfloat16"),
+                 f"dtype must be 'auto', 'float32', 'float16' or 'bfloat16', got {self.dtype!r}")
         _require(self.device in ("cpu", "cuda"), f"device must be 'cpu' or 'cuda', got {self.device!r}")
         _require(self.attention_backend in (None, "cpu", "torch", "triton"),
                  f"attention_backend must be 'cpu', 'torch' or 'triton', got {self.attention_backend!r}")

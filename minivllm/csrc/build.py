@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from minivllm import envs
+from minivllm import envs, platforms
 
 logger = logging.getLogger("minivllm")
 
@@ -34,16 +34,8 @@ CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fno-math-er
           "-std=c11", "-fPIC", "-shared"]
 
 
-def _cpu_id() -> str:
-    try:  # the instruction-set flags decide what -march=native may emit
-        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
-    except (OSError, StopIteration):
-        flags = platform.processor()
-    return platform.machine() + flags
-
-
 def library_path() -> Path:
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(CFLAGS).encode() + _cpu_id().encode()).hexdigest()[:16]
+    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(CFLAGS).encode() + platforms.cpu_id().encode()).hexdigest()[:16]
     return envs.cache_dir() / "ops" / f"minivllm_cpu_ops-{key}.so"
 
 

@@ -34,7 +34,8 @@ HELP = {
     "scheduling_policy": "fcfs (arrival order) or priority (lowest priority value first)",
     "seed": "random seed of the engine's sampler and of torch/numpy/random",
     "max_logprobs": "the most logprobs a request may ask for (-1: no limit)",
-    "dtype": "weights and activations: float32, float16 or bfloat16",
+    "dtype": "weights, activations and KV cache: float32, bfloat16, float16, or auto (bfloat16 on a CPU "
+             "with native bf16)",
     "device": "cpu or cuda",
     "attention_backend": "cpu (the compiled C kernel), torch (the PyTorch reference) or triton; None picks "
                          "triton on a GPU, cpu on the CPU (torch where the C library cannot be built)",

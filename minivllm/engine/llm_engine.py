@@ -24,6 +24,7 @@ from minivllm.engine.output_processor import OutputProcessor
 from minivllm.engine.parallel_sampling import ParentRequest
 from minivllm.models.loader import load_config, resolve_model
 from minivllm.outputs import RequestOutput
+from minivllm.platforms import resolve_dtype
 from minivllm.sampling_params import SEED_RANGE, SamplingParams, is_int
 
 logger = logging.getLogger("minivllm")
@@ -32,9 +33,10 @@ logger = logging.getLogger("minivllm")
 class LLMEngine:
     def __init__(self, config: EngineConfig, multiprocess: bool | None = None) -> None:
         from transformers import AutoTokenizer
-        self.config = config
         self.model_folder = resolve_model(config.model)
         self.hf_config = load_config(self.model_folder)  # an unsupported architecture fails here, in the caller
+        dtype = resolve_dtype(config.dtype, getattr(self.hf_config, "dtype", None), config.device)
+        self.config = config = dataclasses.replace(config, dtype=dtype)  # "auto" resolved once, for every process
         resolve_sizes(config, self.hf_config)  # so does a size this machine cannot hold
         if config.device == "cuda" and not torch.cuda.is_available():
             raise ValueError("device='cuda' but torch sees no CUDA device: use device='cpu'.")

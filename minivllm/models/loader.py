@@ -176,7 +176,7 @@ def get_model(folder: Path, config, max_model_len: int, dtype: torch.dtype, devi
     model = cls(config, max_model_len)
     model.load_weights(iterate_weights(Path(folder)))
     model = model.to(device=device, dtype=dtype).eval()
-    if device == "cpu" and dtype == torch.float32:
+    if device == "cpu" and dtype in (torch.float32, torch.bfloat16):
         from minivllm import _C
         _C.load()  # build (first time) or load the compiled CPU ops now, not inside the first step
         if cpu_packed_linear_available() and envs.cpu_packed_linear():
