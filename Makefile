@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 
 NBVAL := --nbval --nbval-current-env --nbval-cell-timeout=600 --sanitize-with notebooks/nbval_sanitize.cfg
 
-.PHONY: setup test trace bench figures lab notebooks loc clean help
+.PHONY: setup test trace bench figures lab notebooks loc clean help serve trace-serve
 
 help:  ## list the targets
 	@grep -E '^[a-z]+:.*##' Makefile | sed 's/:.*## /\t/'
@@ -28,6 +28,12 @@ trace: setup  ## print the lifecycle of one request (ARGS="--help" for options)
 
 bench: setup  ## throughput: minivllm vs HF transformers, side by side
 	$(PY) benchmarks/throughput.py $(ARGS)
+
+serve: setup  ## an OpenAI-compatible server on 127.0.0.1:8000 (ARGS="--port 9000 --max-num-seqs 8", ARGS="--help")
+	$(PY) -m minivllm serve $(ARGS)
+
+trace-serve: setup  ## start the server, stream from three clients at different moments, print every engine step
+	$(PY) -m minivllm trace-serve $(ARGS)
 
 figures: setup  ## redraw figures/ from traced runs of the real engine
 	$(PY) -m plots --out figures

@@ -1,4 +1,4 @@
-"""Command line: `python -m minivllm trace` (the main job) and `python -m minivllm generate`."""
+"""Command line: `python -m minivllm trace` (the main job), `generate`, `serve` (`vllm serve`), `trace-serve`."""
 from __future__ import annotations
 
 import argparse
@@ -19,10 +19,25 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--max-tokens", type=int, default=50, help="tokens to generate (default: %(default)s)")
     gen.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default: %(default)s)")
     gen.add_argument("--model", default=None, help="model folder, .gguf file or cached hub id")
+    serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server over the same EngineCore",
+                           description="Serve /v1/completions, /v1/chat/completions (streamed or not), /v1/models, "
+                                       "/health and /metrics, as `vllm serve`. Every engine argument is a flag.")
+    from minivllm.entrypoints.openai.cli_args import make_arg_parser
+    make_arg_parser(serve)
+    from minivllm.tracing.serve_trace import add_arguments, run_serve_trace
+    serve_trace = sub.add_parser("trace-serve", help="watch the server admit requests while others decode",
+                                 description="Start the server with tracing, stream from three clients at "
+                                             "different moments, print every engine step.")
+    add_arguments(serve_trace)
     args = parser.parse_args(argv)
     try:
         if args.command == "trace":
             run_trace(args)
+        elif args.command == "trace-serve":
+            run_serve_trace(args)
+        elif args.command == "serve":
+            from minivllm.entrypoints.openai.api_server import run_server
+            run_server(args)
         else:
             from minivllm import LLM, SamplingParams
             llm = LLM(args.model)

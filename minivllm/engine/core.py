@@ -131,6 +131,7 @@ class EngineCore:
         cache = self.scheduler.kv_cache_manager.prefix_cache_stats
         return {"num_preemptions": self.scheduler.num_preemptions, "num_free_blocks": self.get_num_free_blocks(),
                 "num_gpu_blocks": self.num_gpu_blocks, "num_unfinished": self.scheduler.get_num_unfinished_requests(),
+                "num_running": len(self.scheduler.running), "num_waiting": len(self.scheduler.waiting),
                 "prefix_cache_queries": cache.queries, "prefix_cache_hits": cache.hits,
                 "prefix_cache_preempted_queries": cache.preempted_queries,
                 "prefix_cache_preempted_hits": cache.preempted_hits}

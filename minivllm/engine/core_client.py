@@ -5,10 +5,13 @@ step. SyncMPClient starts EngineCore in a child process: requests go in over
 an IPC queue, EngineCoreOutputs come back over a one-way pipe; get_output()
 only consumes. A dead child is reported within a second, never waited on
 forever (even mid-message), a Ctrl-C in the terminal reaches only the caller,
-and no child outlives its client. Left out: ZMQ, msgpack, async clients, data-parallel clients.
+and no child outlives its client. AsyncMPClient (the server's) is SyncMPClient read by one
+thread that hands each message to the event loop, so asyncio code awaits outputs and utility
+results while EngineCore steps. Left out: ZMQ, msgpack, data-parallel clients.
 """
 from __future__ import annotations
 
+import asyncio
 import collections
 import contextlib
 import itertools
@@ -107,6 +110,7 @@ def _child_setup():
 
 class SyncMPClient:
     POLL_S = 0.2
+    WHAT_NOW = "Create a new LLM to continue."  # the last words of a dead-child error
 
     def __init__(self, config: EngineConfig, model_folder: str) -> None:
         ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no forked thread pools
@@ -134,7 +138,7 @@ class SyncMPClient:
     def _died(self) -> EngineDeadError:
         self.process.join(timeout=1)
         self._dead = (f"EngineCore process (pid={self.process.pid}) died unexpectedly with exit code "
-                      f"{self.process.exitcode}; its log lines above say why. Create a new LLM to continue.")
+                      f"{self.process.exitcode}; its log lines above say why. {self.WHAT_NOW}")
         return EngineDeadError(self._dead)
 
     def _receive(self) -> tuple[EngineCoreOutputType, object]:
@@ -197,3 +201,65 @@ class SyncMPClient:
     def shutdown(self) -> None:
         self._dead = self._dead or SHUT_DOWN
         self._finalizer()
+
+
+class AsyncMPClient(SyncMPClient):
+    """vLLM's AsyncMPClient: the same child, awaited. One reader thread owns the output pipe.
+
+    vLLM reads its ZMQ socket in an asyncio task; a multiprocessing pipe has no async read, so a
+    thread blocks on it instead and passes each message to the loop with call_soon_threadsafe:
+    OUTPUTS go to a queue that `get_output_async` awaits, a UTILITY reply resolves its future, and
+    a dead child (or ERROR) is put on the queue as the EngineDeadError, so no awaiter waits forever.
+    """
+    WHAT_NOW = "Restart the server to continue."
+    _loop = None
+
+    def _start_reader(self) -> None:
+        if self._loop is None:  # on first use, from the event loop that will await outputs
+            self._loop, self._outputs, self._utility_futures = asyncio.get_running_loop(), asyncio.Queue(), {}
+            threading.Thread(target=self._read_outputs, name="EngineCoreOutputReader", daemon=True).start()
+
+    def _read_outputs(self) -> None:
+        while True:
+            try:
+                kind, payload = self._receive()
+            except Exception as e:  # EngineDeadError, or the child's ERROR: either way it is gone
+                self._dead = self._dead or str(e)
+                self._post(self._fail_all, e if isinstance(e, EngineDeadError) else EngineDeadError(str(e)))
+                return
+            self._post(self._outputs.put_nowait if kind == EngineCoreOutputType.OUTPUTS else self._resolve, payload)
+
+    def _post(self, fn, arg) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is closed: the server is gone
+            self._loop.call_soon_threadsafe(fn, arg)
+
+    def _resolve(self, payload: tuple) -> None:  # a UTILITY reply: (call_id, error, result)
+        future = self._utility_futures.pop(payload[0], None)
+        if future is not None and not future.done():
+            future.set_exception(RuntimeError(payload[1])) if payload[1] is not None else future.set_result(payload[2])
+
+    def _fail_all(self, error: EngineDeadError) -> None:
+        self._outputs.put_nowait(error)
+        for future in self._utility_futures.values():
+            if not future.done():
+                future.set_exception(error)
+        self._utility_futures.clear()
+
+    async def get_output_async(self) -> EngineCoreOutputs:
+        self._start_reader()
+        item = await self._outputs.get()
+        if isinstance(item, BaseException):
+            self._outputs.put_nowait(item)  # every later call sees it too
+            raise item
+        return item
+
+    async def call_utility_async(self, name: str, *args):
+        self._start_reader()
+        call_id, future = next(self._call_ids), self._loop.create_future()
+        self._utility_futures[call_id] = future
+        self._send(EngineCoreRequestType.UTILITY, (call_id, name, args))
+        return await future
+
+    def call_utility(self, name: str, *args):
+        raise RuntimeError(f"AsyncMPClient.call_utility({name!r}): the reader thread owns the pipe; await "
+                           f"call_utility_async instead.")

@@ -1,0 +1,22 @@
+"""Mirror of vllm/entrypoints/openai/cli_args.py: the flags of `serve`, apart from the server itself.
+
+Kept out of api_server.py so that `python -m minivllm --help` and `trace` do not import FastAPI.
+"""
+from __future__ import annotations
+
+import argparse
+
+from minivllm.engine.arg_utils import EngineArgs
+
+
+def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """`serve [MODEL]`, the server's flags, then every engine argument (EngineArgs.add_cli_args)."""
+    parser.add_argument("model_tag", nargs="?", default=None, help="the model to serve (same as --model)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    parser.add_argument("--port", type=int, default=8000, help="port to listen on (default: %(default)s)")
+    parser.add_argument("--served-model-name", default=None,
+                        help="the model's name in the API (default: the model argument, or SmolLM2-135M-Instruct)")
+    parser.add_argument("--uvicorn-log-level", default="info",
+                        choices=["critical", "error", "warning", "info", "debug", "trace"],
+                        help="uvicorn's log level (default: %(default)s)")
+    return EngineArgs.add_cli_args(parser)

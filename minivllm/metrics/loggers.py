@@ -1,0 +1,67 @@
+"""Mirror of vllm/v1/metrics/loggers.py: PrometheusStatLogger, the server's /metrics, with vLLM's names.
+
+One CollectorRegistry per server (not prometheus_client's global one, so two servers in one test
+process do not collide). Counters and the time-to-first-token histogram are fed by AsyncLLM as
+outputs arrive; the queue and KV-cache gauges are read from EngineCore.get_stats() when /metrics
+is scraped. vLLM instead ships SchedulerStats with every step's outputs; the numbers are the same
+kind, only sampled at scrape time. Left out: per-engine labels, spec-decode, LoRA, iteration and
+inter-token histograms, the logging stat logger.
+"""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+# vLLM's buckets for time to first token (seconds)
+TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]
+
+
+class PrometheusStatLogger:
+    def __init__(self, model_name: str) -> None:
+        self.registry = CollectorRegistry()
+        labels, r = ["model_name"], self.registry
+        self.gauge_scheduler_running = Gauge("vllm:num_requests_running", "Requests in the RUNNING queue.",
+                                             labels, registry=r).labels(model_name)
+        self.gauge_scheduler_waiting = Gauge("vllm:num_requests_waiting", "Requests in the WAITING queue.",
+                                             labels, registry=r).labels(model_name)
+        self.gauge_kv_cache_usage = Gauge("vllm:kv_cache_usage_perc", "KV-cache usage: 1 means every block used.",
+                                          labels, registry=r).labels(model_name)
+        # prometheus_client adds "_total" to counters, as vLLM's vllm:prompt_tokens_total
+        self.counter_prompt_tokens = Counter("vllm:prompt_tokens", "Prefill tokens processed.",
+                                             labels, registry=r).labels(model_name)
+        self.counter_generation_tokens = Counter("vllm:generation_tokens", "Generation tokens processed.",
+                                                 labels, registry=r).labels(model_name)
+        self.counter_prefix_cache_queries = Counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the "
+                                                    "prefix cache.", labels, registry=r).labels(model_name)
+        self.counter_prefix_cache_hits = Counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix "
+                                                 "cache.", labels, registry=r).labels(model_name)
+        self.counter_request_success = Counter("vllm:request_success", "Finished requests, by finish reason.",
+                                               labels + ["finished_reason"], registry=r)
+        self.histogram_time_to_first_token = Histogram("vllm:time_to_first_token_seconds", "Time to first token.",
+                                                       labels, buckets=TTFT_BUCKETS, registry=r).labels(model_name)
+        self.model_name = model_name
+        self._cache_seen = (0, 0)  # EngineCore's prefix-cache (queries, hits) at the last scrape
+
+    def record_first_token(self, num_prompt_tokens: int, seconds: float) -> None:
+        self.counter_prompt_tokens.inc(num_prompt_tokens)
+        self.histogram_time_to_first_token.observe(seconds)
+
+    def record_generation_tokens(self, num_tokens: int) -> None:
+        self.counter_generation_tokens.inc(num_tokens)
+
+    def record_finished(self, finish_reason: str) -> None:
+        self.counter_request_success.labels(self.model_name, finish_reason).inc()
+
+    def render(self, stats: dict) -> bytes:
+        """The Prometheus text exposition, after reading EngineCore.get_stats() into the gauges."""
+        self.gauge_scheduler_running.set(stats["num_running"])
+        self.gauge_scheduler_waiting.set(stats["num_waiting"])
+        usable = max(stats["num_gpu_blocks"] - 1, 1)  # block 0 is the null block, never handed out
+        self.gauge_kv_cache_usage.set(1.0 - stats["num_free_blocks"] / usable)
+        queries, hits = stats["prefix_cache_queries"], stats["prefix_cache_hits"]
+        # get_stats counts since the last reset_prefix_cache(): a drop means a reset, start again from it
+        seen_q, seen_h = self._cache_seen if queries >= self._cache_seen[0] else (0, 0)
+        self.counter_prefix_cache_queries.inc(queries - seen_q)
+        self.counter_prefix_cache_hits.inc(max(hits - seen_h, 0))
+        self._cache_seen = (queries, hits)
+        return generate_latest(self.registry)
