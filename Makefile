@@ -41,9 +41,10 @@ figures: setup  ## redraw figures/ from traced runs of the real engine
 notebooks: setup  ## re-execute every notebook in place (a clean restart-and-run-all per notebook)
 	cd notebooks && ../$(VENV)/bin/jupyter-execute --inplace 0*.ipynb
 
-lab: setup  ## open JupyterLab on the notebooks (installs jupyterlab into .venv on first use)
+lab: setup  ## open JupyterLab on the notebooks and the build/break labs (python -m minivllm.labs --help)
 	$(PY) -c "import jupyterlab" 2>/dev/null || $(PY) -m pip install -q jupyterlab==4.6.6
-	$(PY) -m jupyter lab notebooks --ip 127.0.0.1 $(if $(filter 0,$(shell id -u)),--allow-root)
+	@$(PY) -m minivllm.labs list
+	$(PY) -m jupyter lab . --ip 127.0.0.1 $(if $(filter 0,$(shell id -u)),--allow-root)
 
 loc:  ## lines per module
 	@find minivllm -name '*.py' | sort | xargs wc -l

@@ -1,0 +1,80 @@
+"""`python -m minivllm.labs`: list the labs and faults, write student copies, check one lab, grade a class."""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+import time
+from pathlib import Path
+
+
+def main(argv=None) -> int:
+    from minivllm.labs.faults import FAULTS
+    from minivllm.labs.registry import LABS
+    parser = argparse.ArgumentParser(prog="python -m minivllm.labs", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_list = sub.add_parser("list", help="name every lab and fault")
+    p_list.add_argument("--json", action="store_true", help='print {"labs": [...], "faults": [...]}')
+    p_student = sub.add_parser("student", help="write the student copies (stubs, no solutions, no hidden tests)")
+    p_student.add_argument("dir", help="folder to write exercises/ and notebooks/ into")
+    p_check = sub.add_parser("check", help="grade one lab (our reference when no submission is given)")
+    p_check.add_argument("n", type=int, help=f"lab number: one of {sorted(LABS)}")
+    p_check.add_argument("--submission", help="a student's exercise file, or a folder holding it")
+    p_check.add_argument("--inject", metavar="FAULT", help=f"switch a named fault on: one of {sorted(FAULTS)}")
+    p_grade = sub.add_parser("grade", help="grade a class: one subfolder per student, one CSV row per student and lab")
+    p_grade.add_argument("submissions_dir")
+    p_grade.add_argument("--csv", required=True, help="the CSV file to write")
+    p_grade.add_argument("--labs", help="comma-separated lab numbers (default: every lab)")
+    args = parser.parse_args(argv)
+
+    if args.command == "list":
+        labs = [{"id": lab.id, "title": lab.title} for lab in LABS.values()]
+        faults = [{"name": n, "lab": f[0], "what it breaks": f[3]} for n, f in FAULTS.items()]
+        if args.json:
+            print(json.dumps({"labs": labs, "faults": faults}, indent=1))
+        else:
+            for lab in LABS.values():
+                print(f"lab {lab.id}  {lab.title}  ({lab.module}.py, about {lab.minutes} min)")
+            print()
+            for f in faults:
+                print(f"fault {f['name']:<22} lab {f['lab']}  {f['what it breaks']}")
+        return 0
+    if args.command == "student":
+        from minivllm.labs.grader import EXERCISES
+        from minivllm.labs.student import write_student_copies
+        notebooks = Path(__file__).resolve().parents[2] / "notebooks"
+        for path in write_student_copies(args.dir, EXERCISES, notebooks):
+            print(path)
+        return 0
+    from minivllm.labs.grader import check_lab
+    if args.command == "check":
+        if args.n not in LABS:
+            parser.error(f"no lab {args.n}: choose one of {sorted(LABS)}")
+        if args.inject is not None and args.inject not in FAULTS:
+            parser.error(f"unknown fault {args.inject!r}: choose one of {sorted(FAULTS)}")
+        if args.inject is not None and FAULTS[args.inject][0] != args.n:
+            parser.error(f"fault {args.inject!r} belongs to lab {FAULTS[args.inject][0]}, not lab {args.n}")
+        passed, total = check_lab(args.n, args.submission, args.inject)
+        return 0 if passed == total else 1
+    lab_ids = sorted(LABS) if not args.labs else [int(x) for x in args.labs.split(",")]
+    bad = [n for n in lab_ids if n not in LABS]
+    if bad:
+        parser.error(f"no lab {bad}: choose from {sorted(LABS)}")
+    students = sorted(p for p in Path(args.submissions_dir).iterdir() if p.is_dir())
+    with open(args.csv, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["student", "lab", "passed", "total", "score", "seconds"])
+        for student in students:
+            folder = student / "exercises" if (student / "exercises").is_dir() else student
+            for n in lab_ids:
+                print(f"== {student.name}, lab {n}")
+                t = time.time()
+                passed, total = check_lab(n, folder)
+                writer.writerow([student.name, n, passed, total, f"{passed / total:.2f}", f"{time.time() - t:.1f}"])
+    print(f"wrote {args.csv}: {len(students)} students x {len(lab_ids)} labs")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,114 @@
+"""The labs' grader bites: every reference passes, every named fault fails its lab, a student stub fails.
+
+One process shares the graders' in-process engines (SmolLM2, 12 blocks of 8 tokens), so each lab's runs are a
+few short greedy generations; faults and stubs stop at their first failed check.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from minivllm.labs.faults import FAULTS
+from minivllm.labs.grader import EXERCISES, check_lab
+from minivllm.labs.registry import LABS
+from minivllm.labs.student import write_student_copies
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def _grade(lab_id, submission=None, fault=None, first_failure=False):
+    lines = []
+    passed, total = check_lab(lab_id, submission, fault, out=lines.append, first_failure=first_failure)
+    return passed, total, lines
+
+
+@pytest.fixture(scope="module")
+def student_dir(tmp_path_factory):
+    dest = tmp_path_factory.mktemp("student")
+    write_student_copies(dest, EXERCISES, None)
+    return dest
+
+
+@pytest.mark.parametrize("lab_id", sorted(LABS))
+def test_reference_passes(lab_id):
+    passed, total, lines = _grade(lab_id)
+    assert passed == total, "\n".join(lines)
+    assert lines[-1] == f"lab {lab_id}: {total}/{total} checks passed  score 1.00"
+
+
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+def test_each_fault_fails_its_lab(fault):
+    lab_id = FAULTS[fault][0]
+    passed, total, lines = _grade(lab_id, fault=fault, first_failure=True)
+    assert passed < total, "\n".join(lines)
+    failure = next(line for line in lines if line.startswith("FAIL"))
+    assert "check '" in failure and "where:" in failure and "hint:" in failure, failure  # never a bare assert
+
+
+@pytest.mark.parametrize("lab_id", sorted(LABS))
+def test_student_stub_fails_naming_the_function(lab_id, student_dir):
+    passed, total, lines = _grade(lab_id, student_dir / "exercises", first_failure=True)
+    assert passed < total
+    failure = next(line for line in lines if line.startswith("FAIL"))
+    assert "NotImplementedError" in failure
+    assert any(f"write {name}:" in failure for name in LABS[lab_id].functions), failure
+
+
+def test_student_copies_hold_no_solution_and_no_hidden_tests(tmp_path):
+    written = write_student_copies(tmp_path, EXERCISES, None)
+    assert {p.name for p in written} == {p.name for p in EXERCISES.glob("lab*.py")}
+    text = "".join(p.read_text() for p in written)
+    assert "self.waiting.prepend_request(request)" not in text  # lab 2's reference line
+    assert "BEGIN SOLUTION" not in text and "BEGIN HIDDEN TESTS" not in text
+
+
+def test_notebook_solution_becomes_none(tmp_path):
+    from minivllm.labs.student import stub_cell
+    cell = "N = 3\n### BEGIN SOLUTION\nMY_ANSWER = 6\n### END SOLUTION\ncheck(MY_ANSWER)"
+    assert stub_cell(cell) == "N = 3\nMY_ANSWER = None  # your prediction\ncheck(MY_ANSWER)"
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "minivllm.labs", *args], capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_list_json_shape():
+    result = _cli("list", "--json")
+    data = json.loads(result.stdout)
+    assert [lab["id"] for lab in data["labs"]] == sorted(LABS) and all("title" in lab for lab in data["labs"])
+    assert len(data["faults"]) >= 8
+    assert all(set(f) == {"name", "lab", "what it breaks"} for f in data["faults"])
+
+
+def test_bad_lab_and_unknown_fault_exit_2():
+    bad = _cli("check", "99")
+    assert bad.returncode == 2 and "choose one of" in bad.stderr
+    unknown = _cli("check", "2", "--inject", "no-such-fault")
+    assert unknown.returncode == 2 and "preempt-append" in unknown.stderr
+
+
+def test_grade_writes_one_row_per_student_and_lab(tmp_path, student_dir):
+    shutil.copytree(EXERCISES, tmp_path / "class" / "alice" / "exercises")
+    shutil.copytree(student_dir / "exercises", tmp_path / "class" / "bob" / "exercises")
+    result = _cli("grade", str(tmp_path / "class"), "--csv", str(tmp_path / "grades.csv"), "--labs", "7")
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = list(csv.DictReader(open(tmp_path / "grades.csv")))
+    assert [(r["student"], r["lab"], r["score"]) for r in rows] == [("alice", "7", "1.00"), ("bob", "7", "0.00")]
+
+
+def test_student_notebooks_have_no_answers_and_no_outputs(tmp_path):
+    import nbformat
+    from pathlib import Path
+    notebooks = Path(__file__).resolve().parents[1] / "notebooks"
+    write_student_copies(tmp_path, EXERCISES, notebooks)
+    for path in sorted((tmp_path / "notebooks").glob("*.ipynb")):
+        nb = nbformat.read(path, as_version=4)
+        code = [c for c in nb.cells if c.cell_type == "code"]
+        assert all(not c.outputs and c.execution_count is None for c in code), path.name
+        assert not any("BEGIN SOLUTION" in c.source for c in code), path.name
