@@ -1,18 +1,27 @@
 """Throughput: minivllm vs HF transformers (static batched generate() and continuous batching), side by side.
 
 Workload (nano-vllm's bench, scaled to a small CPU): N requests with random-token prompts of uniform length
-[min_input, max_input] and max_tokens uniform in [min_output, max_output], ignore_eos, seed 0, SmolLM2-135M in
-float32. Each system runs once as warm-up, then the systems are measured in alternating order (A B C, C B A, ...)
-in the same process so machine noise hits all of them. Throughput counts the *requested* output tokens per
-second of wall time. MFU = FLOPs the workload needs (weights + attention, prefill + decode) / wall time /
-this machine's fp32 matmul rate, measured in the same run.
+[min_input, max_input] and max_tokens uniform in [min_output, max_output], ignore_eos, seed 0, SmolLM2-135M.
+minivllm runs once per --dtype (float32 and bfloat16 by default), HF in float32. Each system runs once as
+warm-up, then the systems are measured in alternating order (A B C, C B A, ...) in the same process so
+machine noise hits all of them; every round is printed, then the best. Throughput counts the *requested*
+output tokens per second of wall time. MFU = FLOPs the workload needs (weights + attention, prefill +
+decode) / wall time / this machine's matmul rate in the system's dtype, measured in the same run.
 
-    python benchmarks/throughput.py                # the default workload
-    python benchmarks/throughput.py --profile      # also where a minivllm step's time goes
+The floor: every forward pass streams all weights once (the memory bandwidth, measured here as a torch
+sum over a buffer of the weights' size) and the workload's FLOPs run at best at the measured GEMM rate;
+the longest request needs max_tokens forward passes. The floor is the larger of the two; when neither
+overlaps the other, the wall time would be their sum.
+
+    python benchmarks/throughput.py                      # the default workload
+    python benchmarks/throughput.py --dtype bfloat16     # one dtype only
+    python benchmarks/throughput.py --profile            # also where a minivllm step's time goes
+    python benchmarks/throughput.py --write-workload w.json --systems minivllm   # for benchmarks/vllm_cpu.py
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import sys
@@ -38,7 +47,19 @@ def parse_args(argv=None):
     p.add_argument("--systems", default="minivllm,hf-static,hf-cb", help="comma-separated subset to run")
     p.add_argument("--profile", action="store_true", help="print where minivllm's step time goes")
     p.add_argument("--seed", type=int, default=0, help="workload seed (default: 0)")
-    return p.parse_args(argv)
+    p.add_argument("--dtype", default="float32,bfloat16",
+                   help="comma-separated dtypes minivllm runs in (default: float32,bfloat16)")
+    p.add_argument("--write-workload", metavar="FILE", help="also write the workload's token ids as JSON")
+    args = p.parse_args(argv)
+    args.dtypes = args.dtype.split(",")
+    for dtype in args.dtypes:
+        if dtype not in DTYPES:
+            p.error(f"--dtype {dtype!r}: choose from {', '.join(DTYPES)}")
+    return args
+
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+SYSTEM_NAMES = {"float32": "minivllm", "bfloat16": "minivllm-bf16"}
 
 
 def make_workload(args, vocab_size: int):
@@ -49,34 +70,40 @@ def make_workload(args, vocab_size: int):
     return prompts, max_tokens
 
 
-def workload_flops(config, prompts, max_tokens) -> float:
-    """FLOPs the workload needs: 2 per weight per processed token, lm_head per generated token, attention."""
-    h, layers, inter = config.hidden_size, config.num_hidden_layers, config.intermediate_size
+def layer_weights(config) -> int:
+    """Matmul weights of one decoder layer (q, k, v, o and the gated MLP; norms are negligible)."""
+    h, inter = config.hidden_size, config.intermediate_size
     heads, kv = config.num_attention_heads, getattr(config, "num_key_value_heads", config.num_attention_heads)
     hd = getattr(config, "head_dim", None) or h // heads
-    per_token_layer = 2 * (h * heads * hd + 2 * h * kv * hd + heads * hd * h + 3 * h * inter)
+    return h * heads * hd + 2 * h * kv * hd + heads * hd * h + 3 * h * inter
+
+
+def workload_flops(config, prompts, max_tokens) -> float:
+    """FLOPs the workload needs: 2 per weight per processed token, lm_head per generated token, attention."""
+    h, layers, heads = config.hidden_size, config.num_hidden_layers, config.num_attention_heads
+    hd = getattr(config, "head_dim", None) or h // heads
     total = 0.0
     for p, n in zip(prompts, max_tokens):
         processed = len(p) + n - 1  # the last sampled token is never fed back
-        total += processed * layers * per_token_layer
+        total += processed * layers * 2 * layer_weights(config)
         total += n * 2 * h * config.vocab_size  # lm_head, only where a token is sampled
         # attention: QK^T and PV, 2 * 2 * heads * hd per (query, visible key) pair, causal
         total += layers * 4 * heads * hd * processed * (processed + 1) / 2
     return total
 
 
-def matmul_rate(device: str) -> float:
-    """This machine's fp32 GEMM rate (FLOP/s): the best of several square multiplies, through every
-    GEMM path the engine could use here (on the CPU: MKL's torch.mm, oneDNN with a packed weight and
-    minivllm's own compiled kernel), so that MFU is measured against the fastest of them."""
+def matmul_rate(device: str, dtype: torch.dtype = torch.float32) -> float:
+    """This machine's GEMM rate in `dtype` (FLOP/s): the best of several square multiplies, through every
+    GEMM path the engine could use here (on the CPU: MKL's torch.mm, oneDNN with a packed weight and, in
+    float32, minivllm's own compiled kernel), so that MFU is measured against the fastest of them."""
     n = 2048 if device == "cpu" else 8192
-    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
     paths = [lambda: torch.mm(a, b)]
     if device == "cpu" and torch.backends.mkldnn.is_available():
         packed = torch.ops.mkldnn._reorder_linear_weight(b.t().contiguous(), n)
         paths.append(lambda: torch.ops.mkldnn._linear_pointwise(a, packed, None, "none", [], ""))
     from minivllm import _C
-    if device == "cpu" and _C.available():
+    if device == "cpu" and _C.available() and dtype == torch.float32:
         panels = _C.pack_linear_weight(b.t())
         paths.append(lambda: _C.linear_small_batch(a, panels, None, n))
     best = float("inf")
@@ -90,17 +117,29 @@ def matmul_rate(device: str) -> float:
     return 2 * n**3 / best
 
 
+def memory_bandwidth(device: str, nbytes: int) -> float:
+    """Bytes/s a torch sum streams over a buffer of `nbytes` (the weights' size): best of 5."""
+    x = torch.ones(max(nbytes // 4, 1), device=device)
+    best = float("inf")
+    for _ in range(5):
+        sync(device)
+        t = time.perf_counter()
+        x.sum()
+        sync(device)
+        best = min(best, time.perf_counter() - t)
+    return x.numel() * 4 / best
+
+
 def sync(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize()
 
 
 class MiniVLLM:
-    name = "minivllm"
-
-    def __init__(self, folder, device, max_model_len):
+    def __init__(self, folder, device, max_model_len, dtype):
         from minivllm import LLM
-        self.llm = LLM(str(folder), device=device, max_model_len=max_model_len)
+        self.name, self.dtype = SYSTEM_NAMES[dtype], DTYPES[dtype]
+        self.llm = LLM(str(folder), device=device, max_model_len=max_model_len, dtype=dtype)
 
     def run(self, prompts, max_tokens):
         from minivllm import SamplingParams
@@ -110,7 +149,7 @@ class MiniVLLM:
 
 
 class HFStatic:
-    name = "hf-static"
+    name, dtype = "hf-static", torch.float32
 
     def __init__(self, model, device):
         self.model, self.device = model, device
@@ -127,7 +166,7 @@ class HFStatic:
 
 
 class HFContinuous:
-    name = "hf-cb"
+    name, dtype = "hf-cb", torch.float32
 
     def __init__(self, model, device):
         self.model = model
@@ -155,18 +194,21 @@ def main(argv=None):
     folder = resolve_model(args.model)
     config = AutoConfig.from_pretrained(folder)
     prompts, max_tokens = make_workload(args, config.vocab_size)
+    if args.write_workload:
+        Path(args.write_workload).write_text(json.dumps({"prompt_token_ids": prompts, "max_tokens": max_tokens}))
     requested = sum(max_tokens)
-    names = args.systems.split(",")
     systems = []
-    for name in names:
+    for name in args.systems.split(","):
         if name == "minivllm":
-            systems.append(MiniVLLM(folder, args.device, args.max_input + args.max_output))
+            systems += [MiniVLLM(folder, args.device, args.max_input + args.max_output, d) for d in args.dtypes]
         else:
             hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(args.device).eval()
             systems.append((HFStatic if name == "hf-static" else HFContinuous)(hf, args.device))
     print(f"workload: {args.num_requests} requests, prompts {args.min_input}-{args.max_input} tokens "
           f"({sum(map(len, prompts))} in all), max_tokens {args.min_output}-{args.max_output} ({requested} in all)")
-    peak = matmul_rate(args.device)  # measured before and after the runs; the best counts (noise only lowers it)
+    dtypes = sorted({s.dtype for s in systems}, key=str)
+    # measured before and after the runs; the best counts (noise only lowers it)
+    peak = {d: matmul_rate(args.device, d) for d in dtypes}
     warm = min(4, len(prompts))
     for s in systems:  # warm-up
         s.run(prompts[:warm], [8] * warm)
@@ -179,20 +221,40 @@ def main(argv=None):
             sync(args.device)
             times[s.name].append(time.perf_counter() - t)
             assert produced >= requested, f"{s.name} produced {produced} of {requested} tokens"
-    peak = max(peak, matmul_rate(args.device))
+        print(f"round {r + 1}: " + ", ".join(f"{n} {t[-1]:.2f} s" for n, t in times.items()))
+    peak = {d: max(peak[d], matmul_rate(args.device, d)) for d in dtypes}
     flops = workload_flops(config, prompts, max_tokens)
-    print(f"device: {args.device}, {torch.get_num_threads()} threads; measured fp32 matmul rate "
-          f"{peak / 1e9:.1f} GFLOP/s; workload needs {flops / 1e9:.1f} GFLOP")
-    print(f"{'system':<12}{'best s':>9}{'tok/s':>10}{'MFU':>8}{'minivllm x':>12}")
+    rates = ", ".join(f"{str(d).removeprefix('torch.')} {p / 1e9:.1f}" for d, p in peak.items())
+    print(f"device: {args.device}, {torch.get_num_threads()} threads; measured matmul rate (GFLOP/s) {rates}; "
+          f"workload needs {flops / 1e9:.1f} GFLOP")
+    print(f"{'system':<15}{'best s':>9}{'tok/s':>10}{'MFU':>8}{'minivllm x':>12}")
     best = {n: min(t) for n, t in times.items()}
+    dtype_of = {s.name: s.dtype for s in systems}
     for name, t in best.items():
         ratio = best[name] / best["minivllm"] if "minivllm" in best else float("nan")
-        print(f"{name:<12}{t:>9.2f}{requested / t:>10.1f}{flops / t / peak:>8.1%}{ratio:>11.2f}x")
+        print(f"{name:<15}{t:>9.2f}{requested / t:>10.1f}{flops / t / peak[dtype_of[name]]:>8.1%}{ratio:>11.2f}x")
+    for d in dtypes:
+        print_floor(args, config, d, peak[d], flops, max(max_tokens), best)
     if args.profile:
         for s in systems:
-            if s.name == "minivllm":
+            if isinstance(s, MiniVLLM):
                 s.llm.shutdown()
         print_profile(args, folder, prompts, max_tokens, best.get("minivllm"))
+
+
+def print_floor(args, config, dtype, peak, flops, passes, best) -> None:
+    """The physical floor in `dtype` and each minivllm run's distance to it (see the module docstring)."""
+    # what one forward pass must read: every layer's matmul weights and lm_head (the embedding only by row)
+    params = config.num_hidden_layers * layer_weights(config) + config.vocab_size * config.hidden_size
+    nbytes = params * torch.finfo(dtype).bits // 8
+    stream = passes * nbytes / memory_bandwidth(args.device, nbytes)
+    compute = flops / peak
+    floor = max(stream, compute)
+    name = SYSTEM_NAMES[str(dtype).removeprefix("torch.")]
+    mine = f"; {name} is {best[name] / floor:.2f}x the floor" if name in best else ""
+    print(f"floor {str(dtype).removeprefix('torch.')}: {passes} passes x {nbytes / 1e6:.0f} MB of weights = "
+          f"{stream:.2f} s, {flops / 1e9:.0f} GFLOP at {peak / 1e9:.0f} GFLOP/s = {compute:.2f} s -> "
+          f"{floor:.2f} s (both, unoverlapped: {stream + compute:.2f} s){mine}")
 
 
 def print_profile(args, folder, prompts, max_tokens, mp_wall: float | None):

@@ -6,6 +6,7 @@ at once. `VARIABLES` lists them all with their defaults and meaning; the README'
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -21,6 +22,8 @@ VARIABLES = {  # name: (default, meaning)
     "MINIVLLM_TORCH_PROFILER_DIR": ("", "a folder: turns the torch profiler on when profiler_config is unset "
                                         "(vLLM's older VLLM_TORCH_PROFILER_DIR)"),
     "CC": ("gcc, else cc", "the C compiler that builds csrc/cpu/ops.c"),
+    "OMP_WAIT_POLICY": ("PASSIVE in EngineCore's child", "how idle OpenMP threads wait: the child sleeps instead "
+                        "of spinning, so a CPU shared with other jobs slows it in proportion (ACTIVE: spin)"),
     "TRITON_INTERPRET": ("1 without a GPU", "run Triton kernels through the interpreter (set before any kernel)"),
 }
 
@@ -84,3 +87,24 @@ def use_triton_interpreter_without_gpu() -> None:
         import torch
         if not torch.cuda.is_available():
             os.environ["TRITON_INTERPRET"] = "1"
+
+
+@contextlib.contextmanager
+def engine_core_child_environment():
+    """While EngineCore's child starts: OMP_WAIT_POLICY=PASSIVE unless the user set it.
+
+    OpenMP threads that finish a parallel region early spin, by default, waiting for the next one.
+    With both cores ours that is fastest; with another job on one of them, a spinning thread burns
+    the time slice its partner needs, every one of the hundreds of regions in a step waits for a
+    descheduled thread, and a run took 5-10x as long (measured: benchmarks/shared_cpu.py).
+    The policy is read once, when libgomp loads, so it is set for the child only (restored here at
+    once); an in-process engine keeps whatever its process started with.
+    """
+    chosen = "OMP_WAIT_POLICY" in os.environ
+    if not chosen:
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    try:
+        yield
+    finally:
+        if not chosen:
+            del os.environ["OMP_WAIT_POLICY"]

@@ -22,3 +22,26 @@ def test_prefix_caching_benchmark_runs_on_and_off(tiny_llama_folder, capsys, mon
     out = capsys.readouterr().out
     for text in ("TTFT mean s", "total tok/s", "caching on vs off", "greedy tokens identical: True"):
         assert text in out
+
+
+def test_throughput_benchmark_prints_each_round_bf16_and_the_floor(tiny_llama_folder, capsys, monkeypatch, tmp_path):
+    workload = tmp_path / "w.json"
+    monkeypatch.setattr(sys, "argv", ["throughput.py", "--model", str(tiny_llama_folder), "--num-requests", "2",
+                                      "--min-input", "4", "--max-input", "8", "--min-output", "2",
+                                      "--max-output", "3", "--rounds", "2", "--systems", "minivllm",
+                                      "--write-workload", str(workload)])
+    runpy.run_path("benchmarks/throughput.py", run_name="__main__")
+    out = capsys.readouterr().out
+    for text in ("round 1:", "round 2:", "minivllm-bf16", "floor bfloat16:", "floor float32:", "x the floor"):
+        assert text in out
+    import json
+    assert len(json.loads(workload.read_text())["prompt_token_ids"]) == 2
+
+
+def test_shared_cpu_benchmark_runs_every_configuration(tiny_llama_folder, capsys, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["shared_cpu.py", "--model", str(tiny_llama_folder), "--num-requests", "2",
+                                      "--rounds", "1"])
+    runpy.run_path("benchmarks/shared_cpu.py", run_name="__main__")
+    out = capsys.readouterr().out
+    for text in ("passive + neighbour", "active + neighbour", "PASSIVE", "ACTIVE"):
+        assert text in out

@@ -223,3 +223,16 @@ def test_two_threads_generating_on_one_llm_each_get_their_own_outputs(tiny_llama
     assert results == {k: [v] * 3 for k, v in alone.items()}
     assert all_free(llm)
     llm.shutdown()
+
+
+def test_engine_core_child_sleeps_between_openmp_regions_unless_told(monkeypatch):
+    """OMP_WAIT_POLICY=PASSIVE reaches the child only (benchmarks/shared_cpu.py: spinning collapses on a shared CPU)."""
+    import os
+    from minivllm import envs
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    with envs.engine_core_child_environment():
+        assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert "OMP_WAIT_POLICY" not in os.environ  # the caller's environment is left as it was
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    with envs.engine_core_child_environment():
+        assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"  # the user's choice wins

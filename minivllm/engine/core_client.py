@@ -122,7 +122,7 @@ class SyncMPClient:
         self.output_conn, writer = ctx.Pipe(duplex=False)
         self.process = ctx.Process(target=run_engine_core, name="EngineCore", daemon=True,
                                    args=(config, str(model_folder), self.input_queue, writer, os.getpid()))
-        with _child_setup():
+        with _child_setup(), envs.engine_core_child_environment():
             self.process.start()
         writer.close()
         self._finalizer = weakref.finalize(self, _stop_process, self.process, self.input_queue)
