@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 
 
@@ -30,6 +31,9 @@ def main(argv=None) -> None:
     p.add_argument("--rounds", type=int, default=2, help="measured rounds after one warm-up (default: 2)")
     p.add_argument("--max-model-len", type=int, default=384, help="(default: 384, throughput.py's 256 + 128)")
     p.add_argument("--tokens-out", help="write the first round's greedy token ids here (JSON)")
+    p.add_argument("--on-demand", action="store_true",
+                   help="after warm-up print {\"ready\": true}, then run one round per line read from stdin "
+                        "(how benchmarks/vs_vllm.py alternates vLLM with minivllm)")
     args = p.parse_args(argv)
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
@@ -42,7 +46,10 @@ def main(argv=None) -> None:
     print(json.dumps({"startup_s": round(time.perf_counter() - t, 2), "dtype": args.dtype}), flush=True)
     llm.generate(prompts[:4], [SamplingParams(max_tokens=8, ignore_eos=True)] * 4, use_tqdm=False)  # warm-up
     requested = sum(work["max_tokens"])
-    for r in range(args.rounds):
+    if args.on_demand:
+        print(json.dumps({"ready": True}), flush=True)
+    rounds = (line for line in sys.stdin) if args.on_demand else range(args.rounds)
+    for r, _ in enumerate(rounds):
         t = time.perf_counter()
         outs = llm.generate(prompts, params, use_tqdm=False)
         wall = time.perf_counter() - t

@@ -1,0 +1,110 @@
+"""minivllm (float32 and bfloat16) against the real vLLM CPU build, alternating round by round in one run.
+
+The workload is benchmarks/throughput.py's (32 requests, prompts 16-256 tokens, max_tokens 16-128,
+ignore_eos, seed 0). vLLM runs in its own virtual environment (see benchmarks/vllm_cpu.py for the
+install) as a child process that keeps its engine warm and runs one round each time it is asked, so
+the systems take turns (vLLM, minivllm-bf16, minivllm, then the reverse) and the machine's noise hits
+all of them. Every round is printed, then the best of each, and how often the two bf16 engines' greedy
+tokens agree (where bf16 rounding lets them part, the first differing position is printed).
+
+    python benchmarks/vs_vllm.py --vllm-python /work/vllm-cpu-venv/bin/python --rounds 3
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+os.environ.setdefault("MINIVLLM_LOGGING_LEVEL", "WARNING")
+
+import throughput  # noqa: E402
+
+
+def start_vllm(args, folder: str, workload: Path, tokens: Path) -> subprocess.Popen:
+    env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": args.bind, "VLLM_CPU_KVCACHE_SPACE": "2"}
+    proc = subprocess.Popen([args.vllm_python, str(HERE / "vllm_cpu.py"), "--model", folder, "--workload",
+                             str(workload), "--dtype", args.vllm_dtype, "--on-demand", "--tokens-out", str(tokens)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    for line in proc.stdout:  # vLLM logs to stderr; its JSON lines come on stdout
+        if json.loads(line).get("ready"):
+            return proc
+    raise RuntimeError(f"vLLM exited before it was ready (exit code {proc.wait()})")
+
+
+def vllm_round(proc: subprocess.Popen) -> float:
+    proc.stdin.write("go\n")
+    proc.stdin.flush()
+    return json.loads(proc.stdout.readline())["wall_s"]
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--vllm-python", default="/work/vllm-cpu-venv/bin/python", help="the vLLM venv's python")
+    p.add_argument("--vllm-dtype", default="bfloat16", help="vLLM's dtype (default: bfloat16, its default here)")
+    p.add_argument("--rounds", type=int, default=3, help="measured rounds per system (default: 3)")
+    p.add_argument("--bind", default="0-1", help="VLLM_CPU_OMP_THREADS_BIND (default: 0-1)")
+    p.add_argument("--model", default=None, help="model folder (default: minivllm's converted SmolLM2)")
+    args = p.parse_args(argv)
+    if not Path(args.vllm_python).exists():
+        p.error(f"{args.vllm_python} does not exist: install vLLM's CPU build as benchmarks/vllm_cpu.py says")
+    from minivllm.models.loader import resolve_model
+    from transformers import AutoConfig
+    folder = str(resolve_model(args.model))
+    w = throughput.parse_args([])
+    prompts, max_tokens = throughput.make_workload(w, AutoConfig.from_pretrained(folder).vocab_size)
+    tmp = Path(tempfile.mkdtemp())
+    workload, vllm_tokens = tmp / "workload.json", tmp / "vllm_tokens.json"
+    workload.write_text(json.dumps({"prompt_token_ids": prompts, "max_tokens": max_tokens}))
+    t = time.perf_counter()
+    vllm = start_vllm(args, folder, workload, vllm_tokens)
+    print(f"vLLM {args.vllm_dtype} ready after {time.perf_counter() - t:.0f} s (startup and compile)", flush=True)
+    systems = {f"vllm-{args.vllm_dtype}": lambda: vllm_round(vllm)}
+    engines = {}
+    for dtype in ("bfloat16", "float32"):
+        engines[dtype] = throughput.MiniVLLM(folder, "cpu", w.max_input + w.max_output, dtype)
+        engines[dtype].run(prompts[:4], [8] * 4)  # warm-up
+        systems[engines[dtype].name] = lambda e=engines[dtype]: timed(e, prompts, max_tokens)
+    times = {name: [] for name in systems}
+    order = list(systems)
+    try:
+        for r in range(args.rounds):
+            for name in (order if r % 2 == 0 else order[::-1]):
+                times[name].append(systems[name]())
+            print(f"round {r + 1}: " + ", ".join(f"{n} {t[-1]:.2f} s" for n, t in times.items()), flush=True)
+    finally:
+        vllm.stdin.close()
+        vllm.wait(timeout=60)
+    requested = sum(max_tokens)
+    base = min(times[f"vllm-{args.vllm_dtype}"])
+    print(f"{'system':<16}{'best s':>9}{'tok/s':>9}{'vs vLLM':>10}")
+    for name, t in times.items():
+        print(f"{name:<16}{min(t):>9.2f}{requested / min(t):>9.1f}{base / min(t):>9.2f}x")
+    compare_tokens(engines["bfloat16"], prompts, max_tokens, json.loads(vllm_tokens.read_text()))
+
+
+def timed(engine, prompts, max_tokens) -> float:
+    t = time.perf_counter()
+    engine.run(prompts, max_tokens)
+    return time.perf_counter() - t
+
+
+def compare_tokens(engine, prompts, max_tokens, theirs) -> None:
+    from minivllm import SamplingParams
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in max_tokens]
+    ours = [list(o.outputs[0].token_ids) for o in engine.llm.generate(prompts, params, use_tqdm=False)]
+    same = sum(a == b for a, b in zip(ours, theirs))
+    parted = [next(i for i, (x, y) in enumerate(zip(a, b)) if x != y) for a, b in zip(ours, theirs) if a != b]
+    print(f"greedy tokens, minivllm bf16 vs vLLM: {same}/{len(ours)} requests identical; the others part at "
+          f"positions {sorted(parted)}")
+
+
+if __name__ == "__main__":
+    main()
