@@ -17,8 +17,6 @@ import contextlib
 import itertools
 import multiprocessing
 import os
-import signal
-import sys
 import threading
 import weakref
 
@@ -26,6 +24,7 @@ from minivllm import envs
 from minivllm.config import EngineConfig
 from minivllm.engine import EngineCoreOutputs, EngineCoreOutputType, EngineCoreRequest, EngineCoreRequestType
 from minivllm.engine.core import EngineCore, run_engine_core
+from minivllm.engine.utils import child_setup, stop_process
 
 
 class EngineDeadError(RuntimeError):
@@ -70,44 +69,6 @@ class InprocClient:
 SHUT_DOWN = "The engine was shut down (LLM.shutdown()): create a new LLM to continue."
 
 
-def _stop_process(process, input_queue) -> None:
-    if process.is_alive():
-        try:
-            input_queue.put((EngineCoreRequestType.SHUTDOWN, None))
-        except (OSError, ValueError):
-            pass
-        process.join(timeout=3)
-    if process.is_alive():
-        process.kill()
-        process.join(timeout=3)
-    input_queue.close()
-
-
-@contextlib.contextmanager
-def _child_setup():
-    """Start the child without re-running the caller's script, and deaf to the terminal's Ctrl-C.
-
-    A spawned child normally re-imports the caller's __main__ (which is why scripts need an
-    `if __name__ == "__main__":` guard). EngineCore needs nothing from it, so while the child is
-    being started we hide where __main__ came from, and a plain script just works. SIGINT is
-    ignored meanwhile (in the main thread), and an ignored signal stays ignored across exec, so
-    a Ctrl-C reaches only the caller even while the child is still importing.
-    """
-    main = sys.modules.get("__main__")
-    saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if main is not None and k in main.__dict__}
-    in_main_thread = threading.current_thread() is threading.main_thread()
-    old_sigint = signal.signal(signal.SIGINT, signal.SIG_IGN) if in_main_thread else None
-    try:
-        for key in saved:
-            setattr(main, key, None) if key == "__spec__" else delattr(main, key)
-        yield
-    finally:
-        for key, value in saved.items():
-            setattr(main, key, value)
-        if in_main_thread:
-            signal.signal(signal.SIGINT, old_sigint)
-
-
 class SyncMPClient:
     POLL_S = 0.2
     WHAT_NOW = "Create a new LLM to continue."  # the last words of a dead-child error
@@ -122,10 +83,10 @@ class SyncMPClient:
         self.output_conn, writer = ctx.Pipe(duplex=False)
         self.process = ctx.Process(target=run_engine_core, name="EngineCore", daemon=True,
                                    args=(config, str(model_folder), self.input_queue, writer, os.getpid()))
-        with _child_setup(), envs.engine_core_child_environment():
+        with child_setup(), envs.engine_core_child_environment():
             self.process.start()
         writer.close()
-        self._finalizer = weakref.finalize(self, _stop_process, self.process, self.input_queue)
+        self._finalizer = weakref.finalize(self, stop_process, self.process, self.input_queue)
         self._pending: collections.deque = collections.deque()  # outputs that arrived during a utility call
         self._call_ids = itertools.count()
         self._dead: str | None = None  # why this client can no longer be used
