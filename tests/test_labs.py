@@ -41,6 +41,14 @@ def test_reference_passes(lab_id):
     assert lines[-1] == f"lab {lab_id}: {total}/{total} checks passed  score 1.00"
 
 
+# the first failed check of some faults, and where it points: the grader catches them for the right reason
+CAUGHT_BY = {"logits-every-row": ("indices = formula", "logits_indices, number of rows"),
+             "positions-restart": ("indices = formula", "positions[0]"),
+             "wrong-layer-cache": ("context of the named layer", "kv_cache"),
+             "budget-clamp-removed": ("token budget", "total_num_scheduled_tokens"),
+             "victim-fifo": ("victim = the latest admitted", "preemption 0")}
+
+
 @pytest.mark.parametrize("fault", sorted(FAULTS))
 def test_each_fault_fails_its_lab(fault):
     lab_id = FAULTS[fault][0]
@@ -48,6 +56,23 @@ def test_each_fault_fails_its_lab(fault):
     assert passed < total, "\n".join(lines)
     failure = next(line for line in lines if line.startswith("FAIL"))
     assert "check '" in failure and "where:" in failure and "hint:" in failure, failure  # never a bare assert
+    if fault in CAUGHT_BY:
+        check, where = CAUGHT_BY[fault]
+        assert f"check {check!r}" in failure and where in failure.split("where:")[1].split("\n")[0], failure
+
+
+def test_lab_seams_are_the_engine_functions():
+    """The functions labs 2-4 replace are the ones the engine calls: ours, unpatched, equal the exercises'."""
+    import numpy as np
+    from minivllm.attention import layer
+    from minivllm.core.sched.scheduler import Scheduler
+    from minivllm.labs.exercises.lab03_input_packing import pack_indices
+    from minivllm.worker import gpu_model_runner
+    assert LABS[2].fixed == {"_num_new_tokens": Scheduler._num_new_tokens, "_select_victim": Scheduler._select_victim}
+    assert callable(layer.get_attention_context)
+    args = (np.array([1, 3]), np.array([9, 0]), np.array([[4, 2, 7], [1, 0, 0]]), np.array([10, 5]), 4)
+    for e, g in zip(gpu_model_runner.pack_indices(*args), pack_indices(*args)):
+        assert np.asarray(e).tolist() == np.asarray(g).tolist()
 
 
 @pytest.mark.parametrize("lab_id", sorted(LABS))

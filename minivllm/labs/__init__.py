@@ -10,7 +10,9 @@ from __future__ import annotations
 import contextlib
 from unittest import mock
 
-from minivllm.labs.errors import LabCheckFailed  # noqa: F401  (re-exported)
+from minivllm.labs.errors import LabCheckFailed
+
+__all__ = ["LabCheckFailed", "inject"]
 
 
 @contextlib.contextmanager

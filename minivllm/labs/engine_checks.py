@@ -83,7 +83,8 @@ def check_invariants(sched, step: int, out) -> None:
 
 
 def run(llm, prompts, params: SamplingParams, on_step=None) -> dict:
-    """Drive the engine step by step, checking invariants; return {"tokens": [...], "steps", "preemptions"}."""
+    """Drive the engine step by step, checking invariants; return {"tokens": [...], "steps", "preemptions",
+    "victims": [(step, request index)]}."""
     engine, sched = llm.llm_engine, scheduler_of(llm)
     outputs_seen, original_schedule = [], sched.schedule
 
@@ -121,8 +122,10 @@ def run(llm, prompts, params: SamplingParams, on_step=None) -> dict:
         raise
     finally:
         sched.schedule = original_schedule
+    victims = [(n, ids.index(r)) for n, out in enumerate(outputs_seen, 1) for r in sorted(out.preempted_req_ids)
+               if r in ids]  # (step, request index) of every preemption
     return {"tokens": [list(finished[r].outputs[0].token_ids) if r in finished else None for r in ids],
-            "steps": step, "preemptions": sched.num_preemptions - preemptions0}
+            "steps": step, "preemptions": sched.num_preemptions - preemptions0, "victims": victims}
 
 
 def _abort(engine, ids) -> None:

@@ -12,7 +12,12 @@ import struct
 import torch
 
 from minivllm.core.kv_cache_utils import NONE_HASH
-from minivllm.labs.exercises import lab01_generate_loop, lab05_paged_kv, lab06_stop_and_free, lab08_top_k_top_p
+from minivllm.core.sched.scheduler import Scheduler
+import numpy as np
+
+from minivllm.forward_context import get_forward_context
+from minivllm.labs.exercises import (lab01_generate_loop, lab03_input_packing, lab04_forward_context, lab05_paged_kv,
+                                    lab06_stop_and_free, lab08_top_k_top_p)
 from minivllm.request import RequestStatus
 
 
@@ -138,4 +143,60 @@ FAULTS.update({
                         "slot_mapping off by one: K/V written one slot too far, wrong tokens against HF"),
     "block-table-shuffled": (5, "gather_blocks", block_table_shuffled,
                              "block_table rows read in shuffled (reversed) order: wrong history, wrong tokens"),
+})
+
+
+def logits_every_row(num_scheduled, num_computed, block_table, num_tokens, block_size):
+    """Sends every packed row through lm_head instead of each sampling request's last row."""
+    *head, _ = lab03_input_packing.pack_indices(num_scheduled, num_computed, block_table, num_tokens, block_size)
+    return (*head, np.arange(len(head[1]), dtype=np.int64))
+
+
+def positions_restart(num_scheduled, num_computed, block_table, num_tokens, block_size):
+    """Positions start at 0 in every step's rows instead of at num_computed: a later chunk (or a decode)
+    overwrites the request's first slots and gets the wrong rotary position."""
+    qsl, req_indices, _, _, sampling, logits_indices = lab03_input_packing.pack_indices(
+        num_scheduled, num_computed, block_table, num_tokens, block_size)
+    positions = np.arange(len(req_indices)) - qsl[:-1][req_indices]
+    slots = block_table[req_indices, positions // block_size].astype(np.int64) * block_size + positions % block_size
+    return qsl, req_indices, positions, slots, sampling, logits_indices
+
+
+def wrong_layer_cache(layer_name):
+    """Every layer gets layer 0's KV cache: each layer overwrites the others' history."""
+    attn_metadata, layer, _, slot_mapping = lab04_forward_context.get_attention_context(layer_name)
+    first = next(iter(get_forward_context().no_compile_layers.values()))
+    return attn_metadata, layer, first.kv_cache, slot_mapping
+
+
+FAULTS.update({
+    "logits-every-row": (3, "pack_indices", logits_every_row,
+                         "logits for every packed row instead of logits_indices: wasted lm_head rows, wrong samples"),
+    "positions-restart": (3, "pack_indices", positions_restart,
+                          "positions restart at 0 each step instead of at num_computed_tokens: wrong chunked tokens"),
+    "wrong-layer-cache": (4, "get_attention_context", wrong_layer_cache,
+                          "every layer gets layer 0's KV cache: layers overwrite each other's K/V, wrong tokens"),
+})
+
+
+_num_new_tokens = Scheduler._num_new_tokens  # ours, taken before anything is patched
+
+
+def budget_clamp_removed(self, request, token_budget, num_computed_tokens=None):
+    """Admits a waiting request with its whole prompt, whatever is left of the token budget."""
+    if num_computed_tokens is None:
+        return _num_new_tokens(self, request, token_budget)
+    return _num_new_tokens(self, request, self.scheduler_config.max_model_len, num_computed_tokens)
+
+
+def victim_fifo(self):
+    """Preempts the head of RUNNING (the earliest admitted) instead of the tail (LIFO)."""
+    return self.running[0]
+
+
+FAULTS.update({
+    "budget-clamp-removed": (2, "_num_new_tokens", budget_clamp_removed,
+                             "the waiting loop admits a whole prompt past the token budget: budget exceeded"),
+    "victim-fifo": (2, "_select_victim", victim_fifo,
+                    "preemption picks the earliest running request instead of the latest (LIFO): wrong victims"),
 })

@@ -33,7 +33,7 @@ def load_functions(lab, submission: str | Path | None = None, fault: str | None 
         spec = importlib.util.spec_from_file_location(f"submission_{lab.module}", path)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-    functions = {name: getattr(module, name) for name in lab.functions}
+    functions = {**lab.fixed, **{name: getattr(module, name) for name in lab.functions}}
     if fault is not None:
         _, name, broken, _ = FAULTS[fault]
         functions[name] = broken

@@ -10,16 +10,18 @@ import dataclasses
 import functools
 
 
+from minivllm.attention import layer as attention_layer
 from minivllm.attention.backends import torch_attn
 from minivllm.core import kv_cache_utils
 from minivllm.core.sched import scheduler as scheduler_module
 from minivllm.core.sched.scheduler import Scheduler
 from minivllm.labs import engine_checks as ec
 from minivllm.labs.errors import LabCheckFailed
-from minivllm.labs.unit_checks import _lab5_unit, _lab6_stops, _lab7_chain, _lab8_masks
+from minivllm.labs.unit_checks import _lab3_packing, _lab4_context, _lab5_unit, _lab6_stops, _lab7_chain, _lab8_masks
 from minivllm.request import RequestStatus
 from minivllm.sample import sampler as sampler_module
 from minivllm.sampling_params import SamplingParams
+from minivllm.worker import gpu_model_runner
 
 GREEDY = SamplingParams(max_tokens=10, temperature=0)
 
@@ -35,19 +37,21 @@ class Lab:
     minutes: str
     scenarios: tuple = ()  # reference runs the checks compare with, computed before anything is patched
     backend: str | None = None  # the attention backend the lab's engine runs
+    # engine functions the checks cover that the student does not write (only a fault replaces them): name -> ours
+    fixed: dict = dataclasses.field(default_factory=dict)
 
 
 def reference(kind: str) -> list:
     """The reference engine's tokens for one scenario, computed once per process with nothing patched."""
-    return _reference(kind, ec.BACKEND)
+    return _reference(kind, ec.BACKEND)["tokens"]
 
 
 @functools.lru_cache(maxsize=None)
-def _reference(kind: str, backend) -> list:
+def _reference(kind: str, backend) -> dict:
     result = _scenario(kind)
     if kind == "preempted" and result["preemptions"] == 0:
         raise RuntimeError("the grader's preempted scenario preempted nothing: the grader itself needs fixing")
-    return result["tokens"]
+    return result
 
 
 def _scenario(kind: str, on_step=None) -> dict:
@@ -136,16 +140,44 @@ def _lab2_victim_state(sub, llm):
             ec._abort(engine, ids)
 
 
+def _lab2_preempted(sub, llm):
+    """The preempted scenario: the reference's tokens, and the same victims (FCFS preempts LIFO)."""
+    result = _scenario("preempted")
+    ec.same_tokens("preempted tokens = reference", reference("preempted"), result["tokens"],
+                   "a resumed request recomputes from 0")
+    expected, got = _reference("preempted", ec.BACKEND)["victims"], result["victims"]
+    n = max(len(expected), len(got))
+    for k, (e, g) in enumerate(zip(expected + [None] * (n - len(expected)), got + [None] * (n - len(got)))):
+        if e != g:
+            show = lambda v: "no preemption" if v is None else f"step {v[0]}: request {v[1]}"  # noqa: E731
+            raise LabCheckFailed("victim = the latest admitted", f"preemption {k} (request = prompt index)",
+                                 show(e), show(g), "with FCFS the victim is taken from the tail of RUNNING")
+
+
 LABS = {
     1: Lab(1, "the generate loop: add_request, then step() until nothing is unfinished", "lab01_generate_loop",
            ["generate_loop"], {}, [("greedy tokens = LLM.generate", _lab1_outputs),
                                    ("outputs in prompt order", _lab1_order)], "20", ("greedy",)),
     2: Lab(2, "preemption by recompute: Scheduler._preempt_request", "lab02_preemption", ["_preempt_request"],
-           {"_preempt_request": [(Scheduler, "_preempt_request")]},
+           {"_preempt_request": [(Scheduler, "_preempt_request")], "_num_new_tokens": [(Scheduler, "_num_new_tokens")],
+            "_select_victim": [(Scheduler, "_select_victim")]},
            [("victim state", _lab2_victim_state),
-            ("preempted tokens = reference", tokens_check("preempted", "a resumed request recomputes from 0")),
+            ("preempted tokens and victims = reference", _lab2_preempted),
             ("chunked tokens = reference", tokens_check("chunked", "chunked prefill must not change tokens"))],
-           "30", ("preempted", "chunked")),
+           "30", ("preempted", "chunked"), fixed={"_num_new_tokens": Scheduler._num_new_tokens,
+                                                  "_select_victim": Scheduler._select_victim}),
+    3: Lab(3, "input packing: positions, query_start_loc, slot_mapping, logits_indices (pack_indices)",
+           "lab03_input_packing", ["pack_indices"], {"pack_indices": [(gpu_model_runner, "pack_indices")]},
+           [("indices = formula", lambda sub, llm: _lab3_packing(sub)),
+            ("greedy tokens = reference", tokens_check("greedy", "a decode row sits after the request's history")),
+            ("chunked tokens = reference", tokens_check("chunked", "a later chunk continues where the last ended"))],
+           "30", ("greedy", "chunked")),
+    4: Lab(4, "the forward context: get_attention_context(layer_name)", "lab04_forward_context",
+           ["get_attention_context"], {"get_attention_context": [(attention_layer, "get_attention_context")]},
+           [("context of the named layer", lambda sub, llm: _lab4_context(sub)),
+            ("greedy tokens = reference", tokens_check("greedy", "each layer reads back the K/V it wrote")),
+            ("chunked tokens = reference", tokens_check("chunked", "each layer keeps its own history"))],
+           "20", ("greedy", "chunked")),
     6: Lab(6, "the stop check and reclamation: check_stop, Scheduler._free_request", "lab06_stop_and_free",
            ["check_stop", "_free_request"],
            {"check_stop": [(scheduler_module, "check_stop")], "_free_request": [(Scheduler, "_free_request")]},

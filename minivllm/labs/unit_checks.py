@@ -1,6 +1,7 @@
 """The labs' checks that need no engine: a submission's function against ours on hand-made inputs."""
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from minivllm.labs.errors import LabCheckFailed
@@ -87,3 +88,61 @@ def _lab6_stops(sub):
                                  "length first, then nothing before min_tokens, then EOS unless ignore_eos, "
                                  "then stop_token_ids")
 
+
+
+_LAB3_NAMES = ("query_start_loc", "req_indices", "positions", "slot_mapping", "sampling", "logits_indices")
+_LAB3_HINTS = {"query_start_loc": "where each request's rows start in the packed batch, then the total",
+               "req_indices": "one entry per packed row: the request the row belongs to",
+               "positions": "a request's rows continue its sequence where its KV cache ends",
+               "slot_mapping": "a position's block is found in its own request's block_table row",
+               "sampling": "only a request whose step reaches its last known token samples",
+               "logits_indices": "lm_head runs on one row per sampling request, not on every packed row"}
+
+
+def _lab3_packing(sub):
+    """pack_indices on a decode, a middle prefill chunk and a whole new prompt (block_size 4)."""
+    from minivllm.labs.exercises.lab03_input_packing import pack_indices as ref
+    cases = [("decode 13+1, chunk 4+4 of 11, new prompt 0+5", [1, 4, 5], [13, 4, 0], [14, 11, 5]),
+             ("two decodes 6+1 and 9+1, chunk 0+3 of 7", [1, 1, 3], [6, 9, 0], [7, 10, 7])]
+    table = np.array([[7, 2, 9, 4], [3, 8, 6, 0], [5, 1, 0, 0]], dtype=np.int64)
+    for label, sched, computed, known in cases:
+        def args():  # fresh arrays for each call: a submission may write into its inputs
+            return [np.array(sched, dtype=np.int64), np.array(computed, dtype=np.int64), table.copy(),
+                    np.array(known, dtype=np.int64), 4]
+        exp, got = ref(*args()), sub["pack_indices"](*args())
+        if not isinstance(got, (tuple, list)) or len(got) != 6:
+            raise LabCheckFailed("indices = formula", f"{label}: return value", "a tuple of 6 arrays",
+                                 repr(got)[:80], "return " + ", ".join(_LAB3_NAMES))
+        for name, e, g in zip(_LAB3_NAMES, exp, got):
+            e, g = np.asarray(e).tolist(), np.asarray(g).tolist()
+            if len(e) != len(g):
+                raise LabCheckFailed("indices = formula", f"{label}: {name}, number of rows", len(e), len(g),
+                                     _LAB3_HINTS[name])
+            bad = next((i for i, (a, b) in enumerate(zip(e, g)) if a != b), None)
+            if bad is not None:
+                raise LabCheckFailed("indices = formula", f"{label}: {name}[{bad}]", e[bad], g[bad], _LAB3_HINTS[name])
+
+
+def _lab4_context(sub):
+    """get_attention_context inside a hand-made forward context of two layers: each gets its own entries."""
+    from types import SimpleNamespace
+    from minivllm.forward_context import set_forward_context
+    names = ["model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn"]
+    layers = {n: SimpleNamespace(layer_name=n, kv_cache=torch.zeros(i + 1)) for i, n in enumerate(names)}
+    slots, metadata = {n: torch.tensor([i, 5]) for i, n in enumerate(names)}, SimpleNamespace(num_actual_tokens=2)
+    parts = ("attn_metadata", "layer", "kv_cache", "slot_mapping")
+    with set_forward_context(metadata, layers, slot_mapping=slots):
+        for i, name in enumerate(names):
+            got = sub["get_attention_context"](name)
+            if not isinstance(got, (tuple, list)) or len(got) != 4:
+                raise LabCheckFailed("context of the named layer", f"get_attention_context({name!r})",
+                                     f"a tuple {parts}", repr(got)[:80], "return the four things a layer needs")
+            expected = (metadata, layers[name], layers[name].kv_cache, slots[name])
+            for part, e, g in zip(parts, expected, got):
+                if g is not e:
+                    owner = next((f"layer {j}'s {part}" for j, n in enumerate(names)
+                                  if g is (layers[n] if part == "layer" else layers[n].kv_cache if part == "kv_cache"
+                                           else slots[n])), "something else")
+                    raise LabCheckFailed("context of the named layer", f"get_attention_context({name!r}), {part}",
+                                         f"layer {i}'s {part}" if part != "attn_metadata" else "the step's metadata",
+                                         owner, "every layer has its own KV cache and is looked up by its own name")

@@ -27,6 +27,28 @@ from minivllm.worker.input_batch import InputBatch, PackedBatch
 from minivllm.worker.sampling_state import SamplingState
 
 
+def pack_indices(num_scheduled: np.ndarray, num_computed: np.ndarray, block_table: np.ndarray,
+                 num_tokens: np.ndarray, block_size: int) -> tuple[np.ndarray, ...]:
+    """The step's packed index arithmetic, per request i (int64 arrays [num_reqs]; block_table its rows).
+
+    Request i contributes num_scheduled[i] consecutive rows starting at query_start_loc[i]; their positions
+    continue from num_computed[i]. Returns (query_start_loc [num_reqs + 1], req_indices [num_tokens]: the
+    request of each row, positions, slot_mapping [num_tokens], sampling: the requests whose step reaches
+    their last known token num_tokens[i] (a partial prefill chunk does not sample), logits_indices: each
+    sampling request's last row).
+    """
+    query_start_loc = np.concatenate(([0], np.cumsum(num_scheduled)))  # [num_reqs + 1]
+    total = int(query_start_loc[-1])
+    req_indices = np.repeat(np.arange(len(num_scheduled)), num_scheduled)  # [num_tokens]
+    offsets = np.arange(total) - query_start_loc[:-1][req_indices]  # [num_tokens]
+    positions = num_computed[req_indices] + offsets  # [num_tokens]
+    block_numbers = block_table[req_indices, positions // block_size]  # [num_tokens]
+    slot_mapping = block_numbers.astype(np.int64) * block_size + positions % block_size
+    sampling = np.nonzero(num_computed + num_scheduled >= num_tokens)[0]  # [num_logits]
+    logits_indices = query_start_loc[1:][sampling] - 1  # [num_logits]
+    return query_start_loc, req_indices, positions, slot_mapping, sampling, logits_indices
+
+
 class GPUModelRunner:
     def __init__(self, model: torch.nn.Module, *, block_size: int, num_gpu_blocks: int, max_num_reqs: int,
                  max_model_len: int, attention_backend: str, device: str = "cpu",
@@ -89,22 +111,13 @@ class GPUModelRunner:
         rows = np.array([batch.req_id_to_row[r] for r in req_ids], dtype=np.int64)  # [num_reqs]
         num_scheduled = np.array([so.num_scheduled_tokens[r] for r in req_ids], dtype=np.int64)  # [num_reqs]
         computed = np.array([num_computed[r] for r in req_ids], dtype=np.int64)  # [num_reqs]
-        query_start_loc = np.concatenate(([0], np.cumsum(num_scheduled)))  # [num_reqs + 1]
+        query_start_loc, req_indices, positions, slot_mapping, sampling, logits_indices = pack_indices(
+            num_scheduled, computed, batch.block_table_cpu[rows], batch.num_tokens_cpu[rows], self.block_size)
         num_tokens = int(query_start_loc[-1])
-        req_indices = np.repeat(np.arange(len(req_ids)), num_scheduled)  # [num_tokens]
-        offsets = np.arange(num_tokens) - query_start_loc[:-1][req_indices]  # [num_tokens]
-        positions = computed[req_indices] + offsets  # [num_tokens]
-        token_rows = rows[req_indices]  # [num_tokens]
-        input_ids = batch.token_ids_cpu[token_rows, positions]  # [num_tokens]
-        block_numbers = batch.block_table_cpu[token_rows, positions // self.block_size]  # [num_tokens]
-        slot_mapping = block_numbers.astype(np.int64) * self.block_size + positions % self.block_size
+        input_ids = batch.token_ids_cpu[rows[req_indices], positions]  # [num_tokens]
         seq_lens = computed + num_scheduled  # [num_reqs]
         max_blocks = cdiv(int(seq_lens.max()), self.block_size)
         block_table = batch.block_table_cpu[rows, :max_blocks]  # [num_reqs, max_blocks]
-        # Only a request whose step reaches its last known token samples; a partial prefill chunk does not.
-        samples = seq_lens >= batch.num_tokens_cpu[rows]  # [num_reqs]
-        sampling = np.nonzero(samples)[0]
-        logits_indices = query_start_loc[1:][sampling] - 1  # [num_logits]
         dev = self.device
         return PackedBatch(
             req_ids=req_ids, num_reqs=len(req_ids), num_scheduled_tokens=num_scheduled, num_tokens=num_tokens,

@@ -77,21 +77,18 @@ class Scheduler:
         req_index = 0
         while req_index < len(self.running) and token_budget > 0:
             request = self.running[req_index]
-            num_new_tokens = min(self._num_new_tokens(request), token_budget)  # the budget clamp
+            num_new_tokens = self._num_new_tokens(request, token_budget)  # clamped to the budget
             if num_new_tokens == 0:
                 req_index += 1
                 continue
             while (new_blocks := self.kv_cache_manager.allocate_slots(request, num_new_tokens)) is None:
-                if cfg.policy == "priority":
-                    victim = max(self.running, key=lambda r: (r.priority, r.arrival_time))
-                    self.running.remove(victim)
-                    if victim in scheduled_running:  # already planned this step: give back its tokens
-                        scheduled_running.remove(victim)
-                        token_budget += num_scheduled_tokens.pop(victim.request_id)
-                        new_block_ids.pop(victim.request_id)
-                        req_index -= 1
-                else:
-                    victim = self.running.pop()  # FCFS: the tail, the most recently admitted
+                victim = self._select_victim()
+                self.running.remove(victim)
+                if victim in scheduled_running:  # already planned this step (priority): give back its tokens
+                    scheduled_running.remove(victim)
+                    token_budget += num_scheduled_tokens.pop(victim.request_id)
+                    new_block_ids.pop(victim.request_id)
+                    req_index -= 1
                 self._preempt_request(victim)
                 preempted.append(victim)
                 if victim is request:
@@ -109,13 +106,9 @@ class Scheduler:
             if len(self.running) >= cfg.max_num_seqs:
                 break
             request = self.waiting.peek_request()
-            # The cached prefix (whole blocks, never the last token) is computed already: a 55-token prompt
-            # whose first 48 tokens are cached starts at 48 and costs 7 tokens of budget.
             computed_blocks, num_computed_tokens = self.kv_cache_manager.get_computed_blocks(request)
-            num_new_tokens = self._num_new_tokens(request, num_computed_tokens)
-            if not cfg.enable_chunked_prefill and num_new_tokens > token_budget:
-                break  # stays at the head of WAITING, retried whole next step
-            num_new_tokens = min(num_new_tokens, token_budget)  # the chunked-prefill clamp
+            if not (num_new_tokens := self._num_new_tokens(request, token_budget, num_computed_tokens)):
+                break  # too long to fit whole without chunked prefill: stays at the head of WAITING, retried whole
             new_blocks = self.kv_cache_manager.allocate_slots(request, num_new_tokens, num_computed_tokens,
                                                               computed_blocks)
             if new_blocks is None:
@@ -157,17 +150,23 @@ class Scheduler:
         self.finished_req_ids = set()
         return output
 
-    def _num_new_tokens(self, request: Request, num_computed_tokens: int | None = None) -> int:
-        """How far num_computed_tokens (or, at admission, the cache hit) trails num_tokens, capped by
-        long_prefill_token_threshold. The cap applies only with chunked prefill on (no chunking, no cap).
-        """
-        if num_computed_tokens is None:
-            num_computed_tokens = request.num_computed_tokens
-        num_new_tokens = request.num_tokens - num_computed_tokens
+    def _num_new_tokens(self, request: Request, token_budget: int, num_computed_tokens: int | None = None) -> int:
+        """How far num_computed_tokens (at admission the cache hit: whole blocks, never the last token, so 48 cached
+        of a 55-token prompt cost 7) trails num_tokens, capped by long_prefill_token_threshold (only with chunked
+        prefill on), clamped to token_budget; at admission without chunked prefill 0 if the rest does not fit."""
+        admitting = num_computed_tokens is not None
+        num_new_tokens = request.num_tokens - (num_computed_tokens if admitting else request.num_computed_tokens)
         cfg = self.scheduler_config
         if cfg.enable_chunked_prefill and cfg.long_prefill_token_threshold:
             num_new_tokens = min(num_new_tokens, cfg.long_prefill_token_threshold)
-        return num_new_tokens
+        if admitting and not cfg.enable_chunked_prefill and num_new_tokens > token_budget:
+            return 0
+        return min(num_new_tokens, token_budget)  # the budget clamp (at admission: the chunked-prefill clamp)
+
+    def _select_victim(self) -> Request:
+        """The RUNNING request to preempt: the lowest priority, or with FCFS the tail (LIFO: the latest admitted)."""
+        by_priority = self.scheduler_config.policy == "priority"
+        return max(self.running, key=lambda r: (r.priority, r.arrival_time)) if by_priority else self.running[-1]
 
     def _preempt_request(self, request: Request) -> None:
         """Preemption by recompute: drop the KV, forget the progress, go first in line.
