@@ -33,8 +33,8 @@ def start_vllm(args, folder: str, workload: Path, tokens: Path) -> subprocess.Po
     proc = subprocess.Popen([args.vllm_python, str(HERE / "vllm_cpu.py"), "--model", folder, "--workload",
                              str(workload), "--dtype", args.vllm_dtype, "--on-demand", "--tokens-out", str(tokens)],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
-    for line in proc.stdout:  # vLLM logs to stderr; its JSON lines come on stdout
-        if json.loads(line).get("ready"):
+    for line in proc.stdout:  # our JSON lines, among whatever else vLLM prints on stdout
+        if line.startswith("{") and json.loads(line).get("ready"):
             return proc
     raise RuntimeError(f"vLLM exited before it was ready (exit code {proc.wait()})")
 
@@ -42,7 +42,10 @@ def start_vllm(args, folder: str, workload: Path, tokens: Path) -> subprocess.Po
 def vllm_round(proc: subprocess.Popen) -> float:
     proc.stdin.write("go\n")
     proc.stdin.flush()
-    return json.loads(proc.stdout.readline())["wall_s"]
+    for line in proc.stdout:
+        if line.startswith('{"round"'):
+            return json.loads(line)["wall_s"]
+    raise RuntimeError(f"vLLM exited during a round (exit code {proc.wait()})")
 
 
 def main(argv=None) -> None:
