@@ -104,25 +104,6 @@ def top_p_ignored(logits, top_k, top_p):
     """Applies top-k only; the nucleus is never cut."""
     return lab08_top_k_top_p.apply_top_k_top_p(logits, top_k, None)
 
-
-# name -> (lab id, function it replaces, broken function, what it breaks)
-FAULTS = {
-    "generate-one-step": (1, "generate_loop", generate_one_step,
-                          "loops a fixed number of steps instead of while has_unfinished_requests(): outputs missing"),
-    "preempt-append": (2, "_preempt_request", preempt_append,
-                       "prepend -> append: the victim goes to the tail of WAITING and newer requests overtake it"),
-    "preempt-keep-progress": (2, "_preempt_request", preempt_keep_progress,
-                              "num_computed_tokens not reset: the resumed request skips its recompute"),
-    "preempt-no-free": (2, "_preempt_request", preempt_no_free,
-                        "the victim's blocks are never freed: leaked blocks, more preemptions"),
-    "stop-off-by-one": (6, "check_stop", stop_off_by_one, "max_tokens check with > instead of >=: one token too many"),
-    "stop-ignores-eos": (6, "check_stop", stop_ignores_eos, "EOS never stops a request"),
-    "free-not-freed": (6, "_free_request", free_not_freed, "finished requests not freed: leaked blocks"),
-    "hash-unchained": (7, "hash_block_tokens", hash_unchained,
-                       "the parent hash is dropped: a block matches after any prefix, wrong tokens"),
-    "top-k-plus-one": (8, "apply_top_k_top_p", top_k_plus_one, "top-k keeps k + 1 tokens"),
-    "top-p-ignored": (8, "apply_top_k_top_p", top_p_ignored, "top-p never applied"),
-}
 assert lab01_generate_loop  # imported so every lab's reference module is loaded with the faults
 
 
@@ -137,13 +118,6 @@ def block_table_shuffled(cache, physical):
     """Reads a request's blocks in reverse order: the history comes back scrambled."""
     return lab05_paged_kv.gather_blocks(cache, physical.flip(-1))
 
-
-FAULTS.update({
-    "slot-off-by-one": (5, "do_kv_cache_update", slot_off_by_one,
-                        "slot_mapping off by one: K/V written one slot too far, wrong tokens against HF"),
-    "block-table-shuffled": (5, "gather_blocks", block_table_shuffled,
-                             "block_table rows read in shuffled (reversed) order: wrong history, wrong tokens"),
-})
 
 
 def logits_every_row(num_scheduled, num_computed, block_table, num_tokens, block_size):
@@ -169,15 +143,6 @@ def wrong_layer_cache(layer_name):
     return attn_metadata, layer, first.kv_cache, slot_mapping
 
 
-FAULTS.update({
-    "logits-every-row": (3, "pack_indices", logits_every_row,
-                         "logits for every packed row instead of logits_indices: wasted lm_head rows, wrong samples"),
-    "positions-restart": (3, "pack_indices", positions_restart,
-                          "positions restart at 0 each step instead of at num_computed_tokens: wrong chunked tokens"),
-    "wrong-layer-cache": (4, "get_attention_context", wrong_layer_cache,
-                          "every layer gets layer 0's KV cache: layers overwrite each other's K/V, wrong tokens"),
-})
-
 
 _num_new_tokens = Scheduler._num_new_tokens  # ours, taken before anything is patched
 
@@ -194,9 +159,35 @@ def victim_fifo(self):
     return self.running[0]
 
 
-FAULTS.update({
+# name -> (lab id, function it replaces, broken function, what it breaks)
+FAULTS = {
+    "generate-one-step": (1, "generate_loop", generate_one_step,
+                          "loops a fixed number of steps instead of while has_unfinished_requests(): outputs missing"),
+    "preempt-append": (2, "_preempt_request", preempt_append,
+                       "prepend -> append: the victim goes to the tail of WAITING and newer requests overtake it"),
+    "preempt-keep-progress": (2, "_preempt_request", preempt_keep_progress,
+                              "num_computed_tokens not reset: the resumed request skips its recompute"),
+    "preempt-no-free": (2, "_preempt_request", preempt_no_free,
+                        "the victim's blocks are never freed: leaked blocks, more preemptions"),
+    "stop-off-by-one": (6, "check_stop", stop_off_by_one, "max_tokens check with > instead of >=: one token too many"),
+    "stop-ignores-eos": (6, "check_stop", stop_ignores_eos, "EOS never stops a request"),
+    "free-not-freed": (6, "_free_request", free_not_freed, "finished requests not freed: leaked blocks"),
+    "hash-unchained": (7, "hash_block_tokens", hash_unchained,
+                       "the parent hash is dropped: a block matches after any prefix, wrong tokens"),
+    "top-k-plus-one": (8, "apply_top_k_top_p", top_k_plus_one, "top-k keeps k + 1 tokens"),
+    "top-p-ignored": (8, "apply_top_k_top_p", top_p_ignored, "top-p never applied"),
+    "slot-off-by-one": (5, "do_kv_cache_update", slot_off_by_one,
+                        "slot_mapping off by one: K/V written one slot too far, wrong tokens against HF"),
+    "block-table-shuffled": (5, "gather_blocks", block_table_shuffled,
+                             "block_table rows read in shuffled (reversed) order: wrong history, wrong tokens"),
+    "logits-every-row": (3, "pack_indices", logits_every_row,
+                         "logits for every packed row instead of logits_indices: wasted lm_head rows, wrong samples"),
+    "positions-restart": (3, "pack_indices", positions_restart,
+                          "positions restart at 0 each step instead of at num_computed_tokens: wrong chunked tokens"),
+    "wrong-layer-cache": (4, "get_attention_context", wrong_layer_cache,
+                          "every layer gets layer 0's KV cache: layers overwrite each other's K/V, wrong tokens"),
     "budget-clamp-removed": (2, "_num_new_tokens", budget_clamp_removed,
                              "the waiting loop admits a whole prompt past the token budget: budget exceeded"),
     "victim-fifo": (2, "_select_victim", victim_fifo,
                     "preemption picks the earliest running request instead of the latest (LIFO): wrong victims"),
-})
+}
