@@ -22,8 +22,9 @@ VARIABLES = {  # name: (default, meaning)
     "MINIVLLM_TORCH_PROFILER_DIR": ("", "a folder: turns the torch profiler on when profiler_config is unset "
                                         "(vLLM's older VLLM_TORCH_PROFILER_DIR)"),
     "CC": ("gcc, else cc", "the C compiler that builds csrc/cpu/ops.c"),
-    "OMP_WAIT_POLICY": ("PASSIVE in EngineCore's child", "how idle OpenMP threads wait: the child sleeps instead "
-                        "of spinning, so a CPU shared with other jobs slows it in proportion (ACTIVE: spin)"),
+    "GOMP_SPINCOUNT": ("2000 in EngineCore's child", "how long an idle OpenMP thread spins before it sleeps: "
+                       "short, so a CPU shared with other jobs does not collapse (unset if OMP_WAIT_POLICY is)"),
+    "OMP_WAIT_POLICY": ("unset", "PASSIVE: idle OpenMP threads sleep at once; ACTIVE: they spin without end"),
     "TRITON_INTERPRET": ("1 without a GPU", "run Triton kernels through the interpreter (set before any kernel)"),
 }
 
@@ -89,22 +90,27 @@ def use_triton_interpreter_without_gpu() -> None:
             os.environ["TRITON_INTERPRET"] = "1"
 
 
+# How long (busy-wait iterations) an idle OpenMP thread of EngineCore's child spins before it sleeps.
+CHILD_GOMP_SPINCOUNT = "2000"
+
+
 @contextlib.contextmanager
 def engine_core_child_environment():
-    """While EngineCore's child starts: OMP_WAIT_POLICY=PASSIVE unless the user set it.
+    """While EngineCore's child starts: GOMP_SPINCOUNT=2000 unless the user set it or OMP_WAIT_POLICY.
 
-    OpenMP threads that finish a parallel region early spin, by default, waiting for the next one.
-    With both cores ours that is fastest; with another job on one of them, a spinning thread burns
-    the time slice its partner needs, every one of the hundreds of regions in a step waits for a
-    descheduled thread, and a run took 5-10x as long (measured: benchmarks/shared_cpu.py).
-    The policy is read once, when libgomp loads, so it is set for the child only (restored here at
-    once); an in-process engine keeps whatever its process started with.
+    Between the hundreds of parallel regions of a step libgomp's threads wait for the next one. Left
+    spinning (its default: ~300,000 iterations, then sleep) a run beside one busy job took 6-8x its
+    time alone, every region waiting on a descheduled partner; sleeping at once (OMP_WAIT_POLICY=
+    PASSIVE) pays a wake-up per region, ~2x slower alone on these virtual CPUs. A short spin keeps
+    the time alone and bounds the cost beside a neighbour to ~2.5x (benchmarks/shared_cpu.py).
+    libgomp reads this once, as it loads, so it is set for the child only (restored here at once);
+    an in-process engine keeps whatever its process started with.
     """
-    chosen = "OMP_WAIT_POLICY" in os.environ
+    chosen = "GOMP_SPINCOUNT" in os.environ or "OMP_WAIT_POLICY" in os.environ
     if not chosen:
-        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+        os.environ["GOMP_SPINCOUNT"] = CHILD_GOMP_SPINCOUNT
     try:
         yield
     finally:
         if not chosen:
-            del os.environ["OMP_WAIT_POLICY"]
+            del os.environ["GOMP_SPINCOUNT"]

@@ -43,5 +43,5 @@ def test_shared_cpu_benchmark_runs_every_configuration(tiny_llama_folder, capsys
                                       "--rounds", "1"])
     runpy.run_path("benchmarks/shared_cpu.py", run_name="__main__")
     out = capsys.readouterr().out
-    for text in ("passive + neighbour", "active + neighbour", "PASSIVE", "ACTIVE"):
+    for text in ("passive + neighbour", "active + neighbour", "spin-2000 + neighbour", "spin-2000 "):
         assert text in out

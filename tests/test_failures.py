@@ -225,14 +225,18 @@ def test_two_threads_generating_on_one_llm_each_get_their_own_outputs(tiny_llama
     llm.shutdown()
 
 
-def test_engine_core_child_sleeps_between_openmp_regions_unless_told(monkeypatch):
-    """OMP_WAIT_POLICY=PASSIVE reaches the child only (benchmarks/shared_cpu.py: spinning collapses on a shared CPU)."""
+def test_engine_core_child_spins_briefly_between_openmp_regions_unless_told(monkeypatch):
+    """GOMP_SPINCOUNT reaches the child only (benchmarks/shared_cpu.py: long spins collapse on a shared CPU)."""
     import os
     from minivllm import envs
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
     with envs.engine_core_child_environment():
-        assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
-    assert "OMP_WAIT_POLICY" not in os.environ  # the caller's environment is left as it was
-    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
-    with envs.engine_core_child_environment():
-        assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"  # the user's choice wins
+        assert os.environ["GOMP_SPINCOUNT"] == envs.CHILD_GOMP_SPINCOUNT
+    assert "GOMP_SPINCOUNT" not in os.environ  # the caller's environment is left as it was
+    for name, value in (("OMP_WAIT_POLICY", "ACTIVE"), ("GOMP_SPINCOUNT", "30")):
+        monkeypatch.setenv(name, value)
+        with envs.engine_core_child_environment():
+            assert os.environ[name] == value  # the user's choice wins
+            assert os.environ.get("GOMP_SPINCOUNT", value) == value
+        monkeypatch.delenv(name)
