@@ -168,6 +168,14 @@ CTRL_C = """
     from minivllm import LLM, SamplingParams
     llm = LLM(sys.argv[1], max_model_len=256, num_gpu_blocks_override=64)
     print("ready", llm.llm_engine.info["pid"], flush=True)
+    engine_step, steps = llm.llm_engine.step, []
+
+    def step():  # says when generate() is under way, so the test's Ctrl-C lands mid-run however fast steps are
+        steps.append(1)
+        if len(steps) == 10:
+            print("stepping", flush=True)
+        return engine_step()
+    llm.llm_engine.step = step
     try:
         llm.generate(["Once upon a time"] * 4, SamplingParams(max_tokens=240, ignore_eos=True), use_tqdm=False)
         print("not interrupted")
@@ -187,7 +195,7 @@ def test_ctrl_c_in_a_terminal_interrupts_generate_and_the_engine_lives_on(tiny_l
     try:
         word, child = proc.stdout.readline().split()
         assert word == "ready"
-        time.sleep(1.0)  # generate() is under way
+        assert proc.stdout.readline().strip() == "stepping"  # generate() is under way, 230 steps to go
         os.killpg(proc.pid, signal.SIGINT)
         out, err = proc.communicate(timeout=120)
     finally:
