@@ -9,6 +9,7 @@ out prefill attention timing, fp8 and CUDA-graph capture.
 """
 
 import argparse
+import json
 import math
 import os
 import sys
@@ -32,6 +33,7 @@ def parse_args(argv=None):
     for name in GPU_DEFAULTS:
         p.add_argument("--" + name.replace("_", "-"), type=int, default=None,
                        help=f"default {GPU_DEFAULTS[name]} on cuda, {CPU_DEFAULTS[name]} on cpu")
+    p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     args = p.parse_args(argv)
     defaults = GPU_DEFAULTS if args.device.startswith("cuda") else CPU_DEFAULTS
     for name, value in defaults.items():
@@ -137,6 +139,17 @@ def main(argv=None):
     for name, t, nbytes in rows:
         bw = nbytes / t
         print(f"{name:40s} {t * 1e3:10.3f} {nbytes / 1e6:10.2f} {bw / 1e9:9.2f} {100 * bw / copy_bw:7.1f}%")
+    if args.json:
+        shape = {k: getattr(args, k) for k in GPU_DEFAULTS}
+        kernels = [dict(kernel=name, ms=t * 1e3, mb_moved=nbytes / 1e6, gb_per_s=nbytes / t / 1e9,
+                        fraction_of_copy=nbytes / t / copy_bw) for name, t, nbytes in rows]
+        with open(args.json, "w") as f:
+            json.dump(dict(device=dev, device_name=device_name(dev), dtype=str(dtype)[6:], **shape,
+                           copy_gb_per_s=copy_bw / 1e9, decode_rel_err=err, kernels=kernels), f, indent=1)
+
+
+def device_name(device):
+    return torch.cuda.get_device_name() if device.startswith("cuda") else "cpu"
 
 
 if __name__ == "__main__":

@@ -50,6 +50,7 @@ def parse_args(argv=None):
     p.add_argument("--dtype", default="float32,bfloat16",
                    help="comma-separated dtypes minivllm runs in (default: float32,bfloat16)")
     p.add_argument("--write-workload", metavar="FILE", help="also write the workload's token ids as JSON")
+    p.add_argument("--json", metavar="FILE", help="also write every round's times and the table as JSON")
     args = p.parse_args(argv)
     args.dtypes = args.dtype.split(",")
     for dtype in args.dtypes:
@@ -230,11 +231,21 @@ def main(argv=None):
     print(f"{'system':<15}{'best s':>9}{'tok/s':>10}{'MFU':>8}{'minivllm x':>12}")
     best = {n: min(t) for n, t in times.items()}
     dtype_of = {s.name: s.dtype for s in systems}
+    base = next((n for n in best if n.startswith("minivllm")), None)  # the first minivllm row is 1.00x
     for name, t in best.items():
-        ratio = best[name] / best["minivllm"] if "minivllm" in best else float("nan")
+        ratio = best[name] / best[base] if base else float("nan")
         print(f"{name:<15}{t:>9.2f}{requested / t:>10.1f}{flops / t / peak[dtype_of[name]]:>8.1%}{ratio:>11.2f}x")
     for d in dtypes:
         print_floor(args, config, d, peak[d], flops, max(max_tokens), best)
+    if args.json:
+        device = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
+        table = {n: dict(best_s=t, tok_per_s=requested / t, mfu=flops / t / peak[dtype_of[n]], rounds_s=times[n])
+                 for n, t in best.items()}
+        Path(args.json).write_text(json.dumps(dict(
+            device=args.device, device_name=device, model=str(folder), num_requests=args.num_requests,
+            prompt_tokens=sum(map(len, prompts)), output_tokens=requested, workload_gflop=flops / 1e9,
+            matmul_gflop_per_s={str(d).removeprefix("torch."): p / 1e9 for d, p in peak.items()},
+            systems=table), indent=1))
     if args.profile:
         for s in systems:
             if isinstance(s, MiniVLLM):
