@@ -3,22 +3,56 @@
 A request's sampling fields become one SamplingParams (`to_sampling_params`), whose own checks name
 a bad value (a 400). As vLLM, the fields OpenAI lacks (top_k, min_p, repetition_penalty, min_tokens,
 ignore_eos, stop_token_ids, ...) come through the body too (`extra_body` in the openai client), and
-unknown fields are ignored. Left out: tools and function calls, response_format / guided decoding,
-multimodal content, beam search, `echo`, `suffix`, `best_of`, prompt_logprobs, embeddings.
+unknown fields are ignored. As vLLM's server: seed must fit int64, logit_bias is clamped to [-100, 100].
+Every string must be valid Unicode (a lone surrogate such as "\\ud800" is a 400). Left out, and refused
+with a 400 naming the field rather than ignored: tools and function calls, response_format / guided
+decoding, prompt_logprobs, `echo`, `suffix`, `best_of` > 1; also left out: multimodal content, beam search,
+embeddings. Where we differ from vLLM: n is capped at MAX_N_SEQUENCES = 256 (vLLM's VLLM_MAX_N_SEQUENCES
+is 16384), since the parent folds all n children's outputs at every step, and a completion takes at most
+MAX_PROMPTS = 1024 prompts.
 """
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from minivllm.sampling_params import SamplingParams
 
 
+MAX_N_SEQUENCES = 256  # samples per prompt (vLLM: VLLM_MAX_N_SEQUENCES, 16384)
+MAX_PROMPTS = 1024  # prompts in one /v1/completions request
+INT64 = (-(2**63), 2**63 - 1)  # vLLM's seed range (torch.long)
+LOGIT_BIAS_RANGE = (-100.0, 100.0)  # vLLM's server clamps every bias into it
+
+
 def random_uuid() -> str:
     return uuid.uuid4().hex
+
+
+def find_lone_surrogate(data) -> str | None:
+    """The path of the first string holding a lone surrogate (not encodable as UTF-8), or None.
+
+    E.g. {"messages": [{"role": "\\ud800"}]} -> "messages.0.role". Iterative: any nesting depth the JSON
+    parser accepted is walked without recursion.
+    """
+    stack = [("", data)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                return path or "body"
+        elif isinstance(value, dict):
+            stack.extend((f"{path}.{key}" if path else str(key), item) for key, item in value.items())
+            stack.extend((f"{path}.<key>" if path else "<key>", key) for key in value)
+        elif isinstance(value, list):
+            stack.extend((f"{path}.{i}" if path else str(i), item) for i, item in enumerate(value))
+    return None
 
 
 class OpenAIBaseModel(BaseModel):
@@ -68,11 +102,11 @@ class UsageInfo(OpenAIBaseModel):
 class SamplingRequest(OpenAIBaseModel):
     """The sampling fields shared by /v1/completions and /v1/chat/completions (vLLM's extras included)."""
     model: str | None = None
-    n: int = 1
+    n: int = Field(1, ge=1, le=MAX_N_SEQUENCES)
     temperature: float | None = None  # None: the model's generation_config default, else 1.0
     top_p: float | None = None
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=INT64[0], le=INT64[1])
     presence_penalty: float | None = 0.0
     frequency_penalty: float | None = 0.0
     logit_bias: dict[str, float] | None = None
@@ -91,6 +125,42 @@ class SamplingRequest(OpenAIBaseModel):
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
     priority: int = 0
+    # served by vLLM, not by minivllm: present only to be refused by name instead of silently ignored
+    response_format: dict[str, Any] | None = None
+    prompt_logprobs: int | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unicode_only(cls, data):
+        path = find_lone_surrogate(data)
+        if path is not None:
+            raise ValueError(f"{path} holds a lone surrogate (e.g. \\ud800): not valid Unicode text, send UTF-8.")
+        return data
+
+    def _refuse_unsupported(self) -> None:
+        if self.response_format is not None and self.response_format.get("type") != "text":
+            raise ValueError("response_format is not supported by minivllm's server (no guided decoding): "
+                             "leave it unset or {'type': 'text'}.")
+        if self.prompt_logprobs is not None:
+            raise ValueError("prompt_logprobs is not supported by minivllm's server: leave it unset "
+                             "(LLM.generate with SamplingParams(prompt_logprobs=k) returns them).")
+
+    def _logit_bias(self) -> dict[int, float] | None:
+        """As vLLM's server: keys are token ids written as strings, each bias clamped to [-100, 100]."""
+        if not self.logit_bias:
+            return None
+        result, low, high = {}, *LOGIT_BIAS_RANGE
+        for token, bias in self.logit_bias.items():
+            try:
+                token_id = int(token)
+            except ValueError:
+                raise ValueError(f"logit_bias keys must be token ids (integer strings); {token[:20]!r} is not "
+                                 f"({len(self.logit_bias)} keys sent).") from None
+            if not math.isfinite(bias):
+                raise ValueError(f"logit_bias[{token[:20]!r}] = {bias}: a bias must be a finite number "
+                                 f"(it is clamped to [{low:g}, {high:g}]).")
+            result[token_id] = min(high, max(low, bias))
+        return result
 
     def _sampling_params(self, max_tokens: int | None, logprobs: int | None, defaults: dict) -> SamplingParams:
         """As vLLM's to_sampling_params: a field left unset takes the model's default, then SamplingParams'."""
@@ -103,12 +173,8 @@ class SamplingRequest(OpenAIBaseModel):
                 value = defaults.get(name)
             if value is not None:
                 picked[name] = value
-        logit_bias = None
-        if self.logit_bias:
-            try:
-                logit_bias = {int(token): bias for token, bias in self.logit_bias.items()}
-            except ValueError:
-                raise ValueError(f"logit_bias keys must be token ids, got {sorted(self.logit_bias)}.") from None
+        self._refuse_unsupported()
+        logit_bias = self._logit_bias()
         return SamplingParams(
             n=self.n, presence_penalty=self.presence_penalty or 0.0, frequency_penalty=self.frequency_penalty or 0.0,
             seed=self.seed, stop=self.stop, stop_token_ids=self.stop_token_ids, max_tokens=max_tokens,
@@ -146,6 +212,15 @@ class ChatCompletionRequest(SamplingRequest):
     continue_final_message: bool = False
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    # served by vLLM, not by minivllm: refused by name
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+
+    def _refuse_unsupported(self) -> None:
+        super()._refuse_unsupported()
+        if self.tools or (self.tool_choice is not None and self.tool_choice != "none"):
+            raise ValueError("tools and tool_choice are not supported by minivllm's server (no tool calling): "
+                             "leave them unset.")
 
     def to_sampling_params(self, defaults: dict) -> SamplingParams:
         if self.top_logprobs and not self.logprobs:
