@@ -4,10 +4,11 @@ The same EngineCore child, scheduler and tracing as LLM; what differs is who dri
 generate() loops `step()` until its own requests finish. Here many callers each `async for` over
 `generate()`, and one background task, the output handler, awaits EngineCore's outputs, turns
 them into RequestOutputs and drops each into its request's RequestOutputCollector. Tokenizing and
-admitting a new request happen while EngineCore runs a step in its own process; tokenizing and
-checking (process_inputs) run on one worker thread, as vLLM's async tokenizer, so a long prompt
-never holds the event loop; EngineCore takes the request between two steps. A generator that is closed early (the HTTP client
-went away) aborts its request, and EngineCore frees its blocks before its next step.
+admitting a new request happen while EngineCore runs a step in its own process; tokenizing
+and checking (process_inputs) run on one worker thread, as vLLM's async tokenizer, so a long
+prompt never holds the event loop; EngineCore takes the request between two steps. A generator
+that is closed early (the HTTP client went away) aborts its request, and EngineCore frees its
+blocks before its next step. dtype "auto" is resolved here once, as LLMEngine does.
 
 Where we differ from vLLM: AsyncLLM inherits LLMEngine's input checks and output processor (vLLM
 shares InputProcessor and OutputProcessor between the two classes instead), outputs are always

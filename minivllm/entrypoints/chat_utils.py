@@ -9,6 +9,7 @@ memory (an address-space limit) and in output size (max_chars), and never on the
 A template that fails, runs out of time or memory, or renders too much text is the client's error: a
 ValueError, so a 400. One child renders one template at a time; a slow template delays other chat
 requests for at most RENDER_TIMEOUT_S, never completions or /health.
+`parse_chat_messages` turns the request's messages into the template's {"role", "content"} strings.
 Left out: vLLM's content-format detection, multimodal parts, tool definitions in the template.
 """
 from __future__ import annotations
@@ -21,6 +22,19 @@ import threading
 RENDER_TIMEOUT_S = 10.0  # one rendering, from the request's arrival at the child to its answer
 READY_TIMEOUT_S = 120.0  # the child loading the tokenizer (2 shared cores, a cold disk)
 MEMORY_HEADROOM = 1 << 30  # address space the child may add to what it holds once ready
+
+
+def parse_chat_messages(messages) -> list[dict[str, str]]:
+    """Messages as {"role", "content"} strings; text parts [{"type": "text", "text": ...}] are joined."""
+    conversation = []
+    for i, message in enumerate(messages):
+        content = message.content
+        if isinstance(content, list):
+            if any(part.get("type") != "text" for part in content):
+                raise ValueError(f"messages[{i}].content: only 'text' parts are supported (no images or audio).")
+            content = "\n".join(str(part.get("text", "")) for part in content)
+        conversation.append({"role": message.role, "content": content or ""})
+    return conversation
 
 
 def _render_worker(conn, model_folder: str, max_chars: int) -> None:
@@ -67,7 +81,8 @@ def _render_worker(conn, model_folder: str, max_chars: int) -> None:
 class ChatTemplateRenderer:
     """Render chat templates in a child process that is killed when a rendering takes too long.
 
-    `render()` blocks (call it off the event loop); it is serialized by a lock, as there is one child.
+    `render()` blocks (call it off the event loop); it is serialized by a lock, as there is one child,
+    started by the first chat request (a server that only completes never starts one).
     """
 
     def __init__(self, model_folder: str, max_chars: int, timeout_s: float = RENDER_TIMEOUT_S) -> None:

@@ -3,7 +3,8 @@
 `with_cancellation` (vLLM's) cancels a handler whose client disconnected. RequestBodyLimit refuses a
 body over the server's limit with a 413 OpenAI error before the body is read whole (vLLM leaves body
 limits to a proxy; a 50 MB prompt would otherwise be parsed, then tokenized). `body_error_message`
-says what is wrong with a body FastAPI could not parse. Left out: vLLM's CLI helpers.
+says what is wrong with a body FastAPI could not parse; `find_lone_surrogate` finds a string that is
+not valid Unicode (JSON's "\\ud800" escape). Left out: vLLM's CLI helpers.
 """
 from __future__ import annotations
 
@@ -84,6 +85,39 @@ class RequestBodyLimit:
             return await receive()
 
         await self.app(scope, replay, send)
+
+
+def find_lone_surrogate(data) -> str | None:
+    """The path of the first string holding a lone surrogate (not encodable as UTF-8), or None.
+
+    E.g. {"messages": [{"role": "\\ud800"}]} -> "messages.0.role". Iterative: any nesting depth the JSON
+    parser accepted is walked without recursion.
+    """
+    stack = [("", data)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                return path or "body"
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                name = str(key).encode("utf-8", "backslashreplace").decode()  # the path itself stays UTF-8
+                stack.extend([(f"{path}.{name}" if path else name, item), (f"{path}.<key>" if path else "<key>", key)])
+        elif isinstance(value, list):
+            stack.extend((f"{path}.{i}" if path else str(i), item) for i, item in enumerate(value))
+    return None
+
+
+def check_unicode(data) -> None:
+    """ValueError (a 400) naming the field that holds a lone surrogate; one C-speed pass when there is none."""
+    try:
+        json.dumps(data, ensure_ascii=False).encode("utf-8")
+        return
+    except UnicodeEncodeError:
+        path = find_lone_surrogate(data) or "body"
+    raise ValueError(f"{path} holds a lone surrogate (e.g. \\ud800): not valid Unicode text, send UTF-8.")
 
 
 def body_error_message(exc) -> str:

@@ -37,7 +37,7 @@ from minivllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from minivllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from minivllm.entrypoints.openai.serving_engine import (ServerShuttingDownError, create_error_response,
                                                         error_from_exception)
-from minivllm.entrypoints.utils import RequestBodyLimit, body_error_message, with_cancellation
+from minivllm.entrypoints.utils import RequestBodyLimit, body_error_message, check_unicode, with_cancellation
 
 GRACEFUL_SHUTDOWN_S = 5  # uvicorn's wait for requests at SIGTERM; they get a 503 one second before it ends
 
@@ -89,7 +89,6 @@ def build_app(engine: AsyncLLM, trust_request_chat_template: bool = False,
     async def lifespan(app: FastAPI):
         app.state.loop = asyncio.get_running_loop()
         app.state.engine = engine
-        chat.renderer.start()  # the template renderer loads its tokenizer while the server starts
         yield
         chat.shutdown()
         engine.shutdown()  # the server is stopping: stop EngineCore with it
@@ -136,6 +135,7 @@ def build_app(engine: AsyncLLM, trust_request_chat_template: bool = False,
 
     async def respond(create, body, raw_request: Request) -> Response:
         try:
+            await engine.run_in_input_thread(check_unicode, body.model_dump(exclude_none=True))  # off the loop
             result = await create(body, raw_request.headers.get("X-Request-Id"))
         except Exception as e:
             return error_json(error_from_exception(e))

@@ -1,15 +1,13 @@
 """Mirror of vllm/entrypoints/openai/protocol.py: the OpenAI API's requests and responses as pydantic models.
 
 A request's sampling fields become one SamplingParams (`to_sampling_params`), whose own checks name
-a bad value (a 400). As vLLM, the fields OpenAI lacks (top_k, min_p, repetition_penalty, min_tokens,
-ignore_eos, stop_token_ids, ...) come through the body too (`extra_body` in the openai client), and
-unknown fields are ignored. As vLLM's server: seed must fit int64, logit_bias is clamped to [-100, 100].
-Every string must be valid Unicode (a lone surrogate such as "\\ud800" is a 400). Left out, and refused
-with a 400 naming the field rather than ignored: tools and function calls, response_format / guided
-decoding, prompt_logprobs, `echo`, `suffix`, `best_of` > 1; also left out: multimodal content, beam search,
-embeddings. Where we differ from vLLM: n is capped at MAX_N_SEQUENCES = 256 (vLLM's VLLM_MAX_N_SEQUENCES
-is 16384), since the parent folds all n children's outputs at every step, and a completion takes at most
-MAX_PROMPTS = 1024 prompts.
+a bad value (a 400). As vLLM, the fields OpenAI lacks (top_k, min_p, min_tokens, ignore_eos, ...) come
+through the body too (`extra_body` in the openai client), and unknown fields are ignored. As vLLM's
+server: seed must fit int64, logit_bias is clamped to [-100, 100]. A lone surrogate ("\\ud800") in any
+string is a 400. Refused by name (400) rather than ignored: tools, response_format, prompt_logprobs,
+`echo`, `suffix`, `best_of` > 1; left out: multimodal content, beam search, embeddings. Where we differ
+from vLLM: n <= MAX_N_SEQUENCES = 256 (vLLM's VLLM_MAX_N_SEQUENCES: 16384; here the parent folds all n
+outputs every step) and a completion takes at most MAX_PROMPTS = 1024 prompts.
 """
 from __future__ import annotations
 
@@ -18,41 +16,21 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from minivllm.sampling_params import SamplingParams
-
 
 MAX_N_SEQUENCES = 256  # samples per prompt (vLLM: VLLM_MAX_N_SEQUENCES, 16384)
 MAX_PROMPTS = 1024  # prompts in one /v1/completions request
 INT64 = (-(2**63), 2**63 - 1)  # vLLM's seed range (torch.long)
 LOGIT_BIAS_RANGE = (-100.0, 100.0)  # vLLM's server clamps every bias into it
+# fields vLLM serves and minivllm refuses, with the values that ask for nothing (accepted)
+UNSERVED = {"response_format": [{"type": "text"}], "prompt_logprobs": [], "tools": [[]], "tool_choice": ["none"],
+            "echo": [False], "suffix": [], "best_of": [1]}
 
 
 def random_uuid() -> str:
     return uuid.uuid4().hex
-
-
-def find_lone_surrogate(data) -> str | None:
-    """The path of the first string holding a lone surrogate (not encodable as UTF-8), or None.
-
-    E.g. {"messages": [{"role": "\\ud800"}]} -> "messages.0.role". Iterative: any nesting depth the JSON
-    parser accepted is walked without recursion.
-    """
-    stack = [("", data)]
-    while stack:
-        path, value = stack.pop()
-        if isinstance(value, str):
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError:
-                return path or "body"
-        elif isinstance(value, dict):
-            stack.extend((f"{path}.{key}" if path else str(key), item) for key, item in value.items())
-            stack.extend((f"{path}.<key>" if path else "<key>", key) for key in value)
-        elif isinstance(value, list):
-            stack.extend((f"{path}.{i}" if path else str(i), item) for i, item in enumerate(value))
-    return None
 
 
 class OpenAIBaseModel(BaseModel):
@@ -125,25 +103,16 @@ class SamplingRequest(OpenAIBaseModel):
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
     priority: int = 0
-    # served by vLLM, not by minivllm: present only to be refused by name instead of silently ignored
+    # served by vLLM, not by minivllm: present only to be refused by name (UNSERVED), not silently ignored
     response_format: dict[str, Any] | None = None
     prompt_logprobs: int | None = None
 
-    @model_validator(mode="before")
-    @classmethod
-    def _unicode_only(cls, data):
-        path = find_lone_surrogate(data)
-        if path is not None:
-            raise ValueError(f"{path} holds a lone surrogate (e.g. \\ud800): not valid Unicode text, send UTF-8.")
-        return data
-
     def _refuse_unsupported(self) -> None:
-        if self.response_format is not None and self.response_format.get("type") != "text":
-            raise ValueError("response_format is not supported by minivllm's server (no guided decoding): "
-                             "leave it unset or {'type': 'text'}.")
-        if self.prompt_logprobs is not None:
-            raise ValueError("prompt_logprobs is not supported by minivllm's server: leave it unset "
-                             "(LLM.generate with SamplingParams(prompt_logprobs=k) returns them).")
+        """A field vLLM serves and minivllm does not is a 400 naming it, not silently ignored."""
+        for name, harmless in UNSERVED.items():
+            value = getattr(self, name, None)
+            if value is not None and value not in harmless:
+                raise ValueError(f"{name} is not supported by minivllm's server: leave it unset.")
 
     def _logit_bias(self) -> dict[int, float] | None:
         """As vLLM's server: keys are token ids written as strings, each bias clamped to [-100, 100]."""
@@ -166,13 +135,10 @@ class SamplingRequest(OpenAIBaseModel):
         """As vLLM's to_sampling_params: a field left unset takes the model's default, then SamplingParams'."""
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options can only be set when stream is true.")
-        picked = {}
-        for name in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty"):
-            value = getattr(self, name)
-            if value is None:
-                value = defaults.get(name)
-            if value is not None:
-                picked[name] = value
+        names = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+        picked = {name: getattr(self, name) for name in names}
+        picked = {name: defaults.get(name) if value is None else value for name, value in picked.items()}
+        picked = {name: value for name, value in picked.items() if value is not None}
         self._refuse_unsupported()
         logit_bias = self._logit_bias()
         return SamplingParams(
@@ -187,13 +153,11 @@ class CompletionRequest(SamplingRequest):
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = 16  # OpenAI's default for completions
     logprobs: int | None = None
-    echo: bool = False
+    echo: bool = False  # echo, suffix, best_of > 1: refused (UNSERVED)
     suffix: str | None = None
     best_of: int | None = None
 
     def to_sampling_params(self, defaults: dict) -> SamplingParams:
-        if self.echo or self.suffix is not None or (self.best_of or 1) > 1:
-            raise ValueError("echo, suffix and best_of > 1 are not supported by minivllm's server: leave them unset.")
         return self._sampling_params(self.max_tokens, self.logprobs, defaults)
 
 
@@ -212,33 +176,14 @@ class ChatCompletionRequest(SamplingRequest):
     continue_final_message: bool = False
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
-    # served by vLLM, not by minivllm: refused by name
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
-
-    def _refuse_unsupported(self) -> None:
-        super()._refuse_unsupported()
-        if self.tools or (self.tool_choice is not None and self.tool_choice != "none"):
-            raise ValueError("tools and tool_choice are not supported by minivllm's server (no tool calling): "
-                             "leave them unset.")
+    tools: list[dict[str, Any]] | None = None  # refused (UNSERVED)
+    tool_choice: str | dict[str, Any] | None = None  # refused unless "none"
 
     def to_sampling_params(self, defaults: dict) -> SamplingParams:
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs=true.")
         max_tokens = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
         return self._sampling_params(max_tokens, (self.top_logprobs or 0) if self.logprobs else None, defaults)
-
-    def conversation(self) -> list[dict[str, str]]:
-        """Messages as {"role", "content"} strings; text parts [{"type": "text", "text": ...}] are joined."""
-        messages = []
-        for i, message in enumerate(self.messages):
-            content = message.content
-            if isinstance(content, list):
-                if any(part.get("type") != "text" for part in content):
-                    raise ValueError(f"messages[{i}].content: only 'text' parts are supported (no images or audio).")
-                content = "\n".join(str(part.get("text", "")) for part in content)
-            messages.append({"role": message.role, "content": content or ""})
-        return messages
 
 
 class CompletionLogProbs(OpenAIBaseModel):

@@ -15,7 +15,7 @@ import asyncio
 from concurrent.futures import ThreadPoolExecutor
 from typing import AsyncGenerator
 
-from minivllm.entrypoints.chat_utils import ChatTemplateRenderer
+from minivllm.entrypoints.chat_utils import ChatTemplateRenderer, parse_chat_messages
 
 from minivllm.entrypoints.openai.protocol import (ChatCompletionLogProb, ChatCompletionLogProbs,
                                                   ChatCompletionLogProbsContent, ChatCompletionRequest,
@@ -54,7 +54,7 @@ class OpenAIServingChat(OpenAIServing):
                              "starts a new one: set add_generation_prompt=false.")
         if not request.messages:
             raise ValueError("messages is empty: send at least one {'role': 'user', 'content': ...} message.")
-        messages = request.conversation()
+        messages = parse_chat_messages(request.messages)
         text = await asyncio.get_running_loop().run_in_executor(
             self.render_executor, lambda: self.renderer.render(messages, template, **options))
         return await self.prepare_prompt(text, params, add_special_tokens=False)
