@@ -140,7 +140,7 @@ def test_tiny_temperature_samples_like_greedy_instead_of_garbage(server):
 
 def test_logit_bias_is_clamped_to_100_as_vllms_server(server, tokenizer):
     status, body = _post(server, "/completions", {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 4,
-                                                  "temperature": 0, "logit_bias": {"260": 1e308}})
+                                                  "temperature": 1.0, "seed": 0, "logit_bias": {"260": 1e308}})
     assert status == 200 and body["choices"][0]["text"] == tokenizer.decode([260]) * 4
     for bias in (float("inf"), float("nan")):  # no number at all: refused, not clamped
         _assert_error(*_post(server, "/completions", {"model": MODEL, "prompt": "Hi", "logit_bias": {"260": bias}}),
@@ -179,9 +179,12 @@ def _stream_events(server, path: str, body: dict) -> list[dict]:
     ("/completions", {"prompt": "Once upon a time"}),
     ("/chat/completions", {"messages": [{"role": "user", "content": "Tell me a story."}]})])
 def test_a_stream_with_n_3_sends_exactly_3_finish_reasons(server, path, body):
-    """vLLM's test_parallel_streaming: one finish_reason per choice; a finished choice is never resent."""
-    events = _stream_events(server, path, body | {"model": MODEL, "n": 3, "max_tokens": 12, "temperature": 1.0,
-                                                  "seed": 0})
+    """vLLM's test_parallel_streaming: one finish_reason per choice; a finished choice is never resent.
+
+    The stop string "e" ends each sample at a different step (seeded: the same steps every run).
+    """
+    events = _stream_events(server, path, body | {"model": MODEL, "n": 3, "max_tokens": 30, "temperature": 1.0,
+                                                  "seed": 0, "stop": ["e"]})
     finishes = [c["index"] for e in events for c in e["choices"] if c.get("finish_reason") is not None]
     assert sorted(finishes) == [0, 1, 2]
 
