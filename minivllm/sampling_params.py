@@ -3,7 +3,9 @@
 SamplingParams validates itself on construction, so a bad value fails where the
 user typed it, with the name of the field to change. Types are strict as in
 vLLM's msgspec struct: a bool is not an int, a string is not a bool, NaN is no
-number. Left out: beam search, guided decoding, custom logits processors, output_kind
+number, and a float must survive float32 (the sampler's dtype: 1e39 overflows, 1e-50
+underflows to 0). As vLLM, a temperature in (0, 0.01) is raised to 0.01 with a warning.
+Left out: beam search, guided decoding, custom logits processors, output_kind
 (the engine always reports cumulative outputs), detokenize=False.
 
 The fields that reach the sampler (penalties, logit_bias, allowed_token_ids, bad_words)
