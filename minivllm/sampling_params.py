@@ -3,7 +3,9 @@
 SamplingParams validates itself on construction, so a bad value fails where the
 user typed it, with the name of the field to change. Types are strict as in
 vLLM's msgspec struct: a bool is not an int, a string is not a bool, NaN is no
-number. Left out: beam search, guided decoding, custom logits processors, output_kind
+number, and a float must survive float32 (the sampler's dtype: 1e39 overflows, 1e-50
+underflows to 0). As vLLM, a temperature in (0, 0.01) is raised to 0.01 with a warning.
+Left out: beam search, guided decoding, custom logits processors, output_kind
 (the engine always reports cumulative outputs), detokenize=False.
 
 The fields that reach the sampler (penalties, logit_bias, allowed_token_ids, bad_words)
@@ -13,11 +15,27 @@ requests by the caller-side engine (minivllm/engine/parallel_sampling.py).
 from __future__ import annotations
 
 import copy
+import math
+import logging
+import struct
 from dataclasses import dataclass, field
 
 from minivllm.utils.math_utils import is_int, is_number  # noqa: F401  (is_int: also the engine's check)
 
+logger = logging.getLogger("minivllm")
 SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed accepts
+_MAX_TEMP = 1e-2  # vLLM's name: a temperature in (0, 0.01) is raised to this (logits / 1e-40 overflow float32)
+
+
+def fits_float32(value) -> bool:
+    """A finite number that float32 (the sampler's dtype) holds: no overflow to inf, no underflow of a non-zero to 0."""
+    if not is_number(value):
+        return False
+    try:
+        as_float32 = struct.unpack("f", struct.pack("f", value))[0]
+    except OverflowError:  # past float32's largest finite value
+        return False
+    return math.isfinite(as_float32) and (value == 0 or as_float32 != 0)
 
 
 @dataclass
@@ -29,7 +47,7 @@ class SamplingParams:
     presence_penalty: float = 0.0  # in [-2, 2]: subtracted from the logit of every token already in the output
     frequency_penalty: float = 0.0  # in [-2, 2]: subtracted once per occurrence of the token in the output
     repetition_penalty: float = 1.0  # > 0: tokens seen in prompt or output get logit / p (if > 0) or * p
-    temperature: float = 1.0  # 0 means greedy
+    temperature: float = 1.0  # 0 means greedy; in (0, 0.01) raised to 0.01 with a warning, as vLLM
     top_p: float = 1.0
     top_k: int = 0  # 0 (or -1) means the whole vocabulary; above the vocabulary size, the same
     min_p: float = 0.0
@@ -61,6 +79,10 @@ class SamplingParams:
             self.bad_words = list(dict.fromkeys(self.bad_words or []))  # as vLLM: duplicates dropped, order kept
         if isinstance(self.allowed_token_ids, tuple):
             self.allowed_token_ids = list(self.allowed_token_ids)
+        if is_number(self.temperature) and 0 < self.temperature < _MAX_TEMP:  # as vLLM, with its warning
+            logger.warning("temperature %s is less than %s, which may cause numerical errors nan or inf in tensors. "
+                           "We have maxed it out to %s.", self.temperature, _MAX_TEMP, _MAX_TEMP)
+            self.temperature = _MAX_TEMP
         self._verify()
         if self.top_k == -1:
             self.top_k = 0
@@ -68,7 +90,9 @@ class SamplingParams:
 
     def _verify(self) -> None:
         def bad(name: str, want: str) -> None:
-            raise ValueError(f"SamplingParams.{name} must be {want}, got {getattr(self, name)!r}.")
+            got = repr(getattr(self, name))
+            got = got if len(got) <= 80 else got[:77] + "..."  # one short line, however long the value
+            raise ValueError(f"SamplingParams.{name} must be {want}, got {got}.")
 
         if not is_int(self.n) or self.n < 1:
             bad("n", "an int >= 1")
@@ -77,16 +101,16 @@ class SamplingParams:
         for name in ("presence_penalty", "frequency_penalty"):
             if not is_number(getattr(self, name)) or not -2 <= getattr(self, name) <= 2:
                 bad(name, "a number in [-2, 2]")
-        if not is_number(self.repetition_penalty) or self.repetition_penalty <= 0:
-            bad("repetition_penalty", "a finite number > 0 (1 disables it)")
-        if not is_number(self.temperature) or self.temperature < 0:
-            bad("temperature", "a finite number >= 0 (0 means greedy)")
-        if not is_number(self.top_p) or not 0 < self.top_p <= 1:
-            bad("top_p", "a number in (0, 1]")
+        if not fits_float32(self.repetition_penalty) or self.repetition_penalty <= 0:
+            bad("repetition_penalty", "a number > 0 that float32 holds (1 disables it)")
+        if not fits_float32(self.temperature) or self.temperature < 0:
+            bad("temperature", "a number >= 0 that float32 holds (0 means greedy)")
+        if not fits_float32(self.top_p) or not 0 < self.top_p <= 1:
+            bad("top_p", "a number in (0, 1] that float32 holds (not below 1.4e-45)")
         if not is_int(self.top_k) or self.top_k < -1:
             bad("top_k", "an int >= 0 (0 or -1 disables it)")
-        if not is_number(self.min_p) or not 0 <= self.min_p <= 1:
-            bad("min_p", "a number in [0, 1]")
+        if not fits_float32(self.min_p) or not 0 <= self.min_p <= 1:
+            bad("min_p", "a number in [0, 1] that float32 holds")
         if self.seed is not None and not (is_int(self.seed) and SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]):
             bad("seed", "an int in [-2**63, 2**64 - 1] or None")
         if self.max_tokens is not None and (not is_int(self.max_tokens) or self.max_tokens < 1):
@@ -105,8 +129,11 @@ class SamplingParams:
             bad("prompt_logprobs", "an int >= 0, -1 for the whole vocabulary, or None")
         if self.logit_bias is not None and not (
                 isinstance(self.logit_bias, dict)
-                and all(is_int(t) and t >= 0 and is_number(b) for t, b in self.logit_bias.items())):
-            bad("logit_bias", "a dict {token id (int >= 0): bias (finite number)} or None")
+                and all(is_int(t) and t >= 0 and fits_float32(b) for t, b in self.logit_bias.items())):
+            bad_ids = [t for t, b in self.logit_bias.items() if not (is_int(t) and t >= 0 and fits_float32(b))] \
+                if isinstance(self.logit_bias, dict) else []
+            raise ValueError(f"SamplingParams.logit_bias must be a dict {{token id (int >= 0): bias (a number float32 "
+                             f"holds)}} or None; {len(bad_ids)} entries are not, the first: {repr(bad_ids[:1])[:40]}.")
         if self.allowed_token_ids is not None and not (
                 isinstance(self.allowed_token_ids, list) and self.allowed_token_ids
                 and all(is_int(t) and t >= 0 for t in self.allowed_token_ids)):

@@ -4,9 +4,11 @@ The same EngineCore child, scheduler and tracing as LLM; what differs is who dri
 generate() loops `step()` until its own requests finish. Here many callers each `async for` over
 `generate()`, and one background task, the output handler, awaits EngineCore's outputs, turns
 them into RequestOutputs and drops each into its request's RequestOutputCollector. Tokenizing and
-admitting a new request happen on the event loop while EngineCore runs a step in its own process;
-EngineCore takes the request between two steps. A generator that is closed early (the HTTP client
-went away) aborts its request, and EngineCore frees its blocks before its next step.
+admitting a new request happen while EngineCore runs a step in its own process; tokenizing
+and checking (process_inputs) run on one worker thread, as vLLM's async tokenizer, so a long
+prompt never holds the event loop; EngineCore takes the request between two steps. A generator
+that is closed early (the HTTP client went away) aborts its request, and EngineCore frees its
+blocks before its next step. dtype "auto" is resolved here once, as LLMEngine does.
 
 Where we differ from vLLM: AsyncLLM inherits LLMEngine's input checks and output processor (vLLM
 shares InputProcessor and OutputProcessor between the two classes instead), outputs are always
@@ -16,9 +18,11 @@ EngineCore always runs in a child process. Left out: pooling, LoRA, data paralle
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import AsyncGenerator
 
 from minivllm.config import EngineConfig, default_sampling_overrides
@@ -29,6 +33,7 @@ from minivllm.engine.output_processor import OutputProcessor
 from minivllm.metrics.loggers import PrometheusStatLogger
 from minivllm.models.loader import load_config, resolve_model
 from minivllm.outputs import RequestOutput
+from minivllm.platforms import resolve_dtype
 from minivllm.sampling_params import SamplingParams
 
 logger = logging.getLogger("minivllm")
@@ -64,9 +69,10 @@ class RequestOutputCollector:
 class AsyncLLM(LLMEngine):
     def __init__(self, config: EngineConfig, served_model_name: str | None = None) -> None:
         from transformers import AutoTokenizer
-        self.config = config
         self.model_folder = resolve_model(config.model)
         self.hf_config = load_config(self.model_folder)
+        dtype = resolve_dtype(config.dtype, getattr(self.hf_config, "dtype", None), config.device)
+        self.config = config = dataclasses.replace(config, dtype=dtype)  # "auto" resolved once, as LLMEngine
         resolve_sizes(config, self.hf_config)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_folder)
         self.sampling_overrides = default_sampling_overrides(self.model_folder, config.generation_config)
@@ -80,6 +86,12 @@ class AsyncLLM(LLMEngine):
         self.collectors: dict[str, RequestOutputCollector] = {}
         self.output_handler: asyncio.Task | None = None
         self.dead_error: EngineDeadError | None = None
+        # vLLM's AsyncMicrobatchTokenizer runs on one thread too: tokenization off the event loop, in order
+        self.input_executor = ThreadPoolExecutor(1, thread_name_prefix="minivllm-tokenizer")
+
+    async def run_in_input_thread(self, fn, *args):
+        """Run fn(*args) on the tokenizer thread (tokenizing, rendering checks) and await its result."""
+        return await asyncio.get_running_loop().run_in_executor(self.input_executor, fn, *args)
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineConfig, served_model_name: str | None = None) -> "AsyncLLM":
@@ -128,7 +140,10 @@ class AsyncLLM(LLMEngine):
         self._run_output_handler()
         if request_id in self.collectors:
             raise ValueError(f"Request id {request_id!r} is already running: use a unique id.")
-        text, request = self.process_inputs(request_id, prompt, sampling_params, priority)
+        text, request = await self.run_in_input_thread(self.process_inputs, request_id, prompt, sampling_params,
+                                                       priority)
+        if request_id in self.collectors:  # a twin admitted while this one was being tokenized
+            raise ValueError(f"Request id {request_id!r} is already running: use a unique id.")
         collector = RequestOutputCollector(request.arrival_time, len(request.prompt_token_ids))
         self.collectors[request_id] = collector
         self.add_processed_requests([(text, request)])
@@ -197,3 +212,4 @@ class AsyncLLM(LLMEngine):
         if self.output_handler is not None:
             self.output_handler.cancel()
         self.engine_core.shutdown()
+        self.input_executor.shutdown(wait=False, cancel_futures=True)

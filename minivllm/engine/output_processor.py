@@ -191,11 +191,17 @@ class OutputProcessor:
     MAX_CONTEXT_DECODES = 32  # past this (logprobs=-1: the whole vocabulary) tokens are decoded alone
 
     def _decode_after(self, context: list[int], ids: list[int]) -> list[str]:
+        """Each id's text after `context`; "" for a token that only starts a character (vLLM's LogprobsProcessor).
+
+        E.g. "日" is two byte tokens in SmolLM2: the first alone would read "\ufffd", so it reads "", and
+        the second, decoded after the first, reads "日".
+        """
         if len(ids) > self.MAX_CONTEXT_DECODES:
-            return self.tokenizer.batch_decode([[t] for t in ids])
-        before = self.tokenizer.decode(context).rstrip("\ufffd")
-        texts = []
-        for token_id in ids:
-            both = self.tokenizer.decode(context + [token_id])
-            texts.append(both[len(before):] if both.startswith(before) else self.tokenizer.decode([token_id]))
-        return texts
+            texts = self.tokenizer.batch_decode([[t] for t in ids])
+        else:
+            before = self.tokenizer.decode(context).rstrip("\ufffd")
+            texts = []
+            for token_id in ids:
+                both = self.tokenizer.decode(context + [token_id])
+                texts.append(both[len(before):] if both.startswith(before) else self.tokenizer.decode([token_id]))
+        return ["" if text.endswith("\ufffd") else text for text in texts]

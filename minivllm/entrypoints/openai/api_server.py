@@ -2,19 +2,23 @@
 
 FastAPI routes over one AsyncLLM, served by uvicorn: POST /v1/completions and /v1/chat/completions
 (whole, or streamed as Server-Sent Events), GET /v1/models, /health (200, or 503 once EngineCore is
-dead) and /metrics (Prometheus text). Every failure is an OpenAI error object with its status; a
-request that fails leaves the engine serving the others. A client that disconnects cancels its
-handler (streamed: EventStreamResponse; whole: `with_cancellation`), which aborts its request
-before EngineCore's next step. SIGTERM or Ctrl-C: uvicorn stops accepting, finishes what it can for 5 s, and the
-lifespan's exit shuts EngineCore down. Where we differ from vLLM: --host defaults to 127.0.0.1
-(vLLM: every interface). Left out: API keys, CORS, SSL, tokenize/detokenize, embeddings, LoRA routes.
+dead) and /metrics (Prometheus text). Every failure is an OpenAI error object with its status (also
+404, 405, a body that is not JSON, and a body over --max-request-body-bytes: 413, refused before it is
+read whole); a request that fails leaves the engine serving the others. A client that disconnects
+cancels its handler (streamed: EventStreamResponse; whole: `with_cancellation`), which aborts its
+request before EngineCore's next step. SIGTERM or Ctrl-C: uvicorn stops accepting and lets requests
+finish for 5 s; 1 s before that ends, each request still running gets a 503 error (a stream: an error
+event, then [DONE]); then the lifespan's exit shuts EngineCore and the template renderer down. Where we
+differ from vLLM: --host defaults to 127.0.0.1 (vLLM: every interface); the body limit. Slow clients:
+uvicorn closes an idle keep-alive connection after 5 s and h11 caps a request head at 16 KiB, but
+there is no timeout on reading a request head (slowloris): put a proxy in front of a public server.
+Left out: API keys, CORS, SSL, tokenize/detokenize, embeddings, LoRA routes.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import contextlib
-import functools
 import signal
 from http import HTTPStatus
 
@@ -23,36 +27,22 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from minivllm.engine.arg_utils import EngineArgs
 from minivllm.engine.async_llm import AsyncLLM
+from minivllm.entrypoints.openai.cli_args import DEFAULT_MAX_REQUEST_BODY_BYTES
 from minivllm.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
 from minivllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from minivllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
-from minivllm.entrypoints.openai.serving_engine import create_error_response, error_from_exception
+from minivllm.entrypoints.openai.serving_engine import (ServerShuttingDownError, create_error_response,
+                                                        error_from_exception)
+from minivllm.entrypoints.utils import RequestBodyLimit, body_error_message, check_unicode, with_cancellation
+
+GRACEFUL_SHUTDOWN_S = 5  # uvicorn's wait for requests at SIGTERM; they get a 503 one second before it ends
 
 def error_json(error) -> JSONResponse:
     return JSONResponse(error.model_dump(), status_code=error.error.code)
-
-
-async def listen_for_disconnect(request: Request) -> None:
-    """Return when the client closes the connection (the body is already read, so only disconnect arrives)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-def with_cancellation(handler):
-    """vLLM's decorator: run the handler against the client's disconnect; a disconnect cancels it (and aborts)."""
-    @functools.wraps(handler)
-    async def wrapper(body, raw_request: Request):
-        work = asyncio.create_task(handler(body, raw_request))
-        gone = asyncio.create_task(listen_for_disconnect(raw_request))
-        done, pending = await asyncio.wait([work, gone], return_when=asyncio.FIRST_COMPLETED)
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
-        return work.result() if work in done else None
-    return wrapper
 
 
 class EventStreamResponse(StreamingResponse):
@@ -81,23 +71,46 @@ class EventStreamResponse(StreamingResponse):
             await self.body_iterator.aclose()
 
 
-def build_app(engine: AsyncLLM) -> FastAPI:
+def fail_running_requests(engine: AsyncLLM) -> None:
+    """The grace period is ending: every request still running answers 503 (a stream: an error event, [DONE])."""
+    error = ServerShuttingDownError("The server is shutting down (SIGTERM): this request was stopped; retry "
+                                    "on a server that is up.")
+    for collector in list(engine.collectors.values()):
+        collector.put(error)
+
+
+def build_app(engine: AsyncLLM, trust_request_chat_template: bool = False,
+              max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES) -> FastAPI:
+    name = engine.served_model_name
+    completion = OpenAIServingCompletion(engine, name)
+    chat = OpenAIServingChat(engine, name, trust_request_chat_template)
+
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         app.state.loop = asyncio.get_running_loop()
+        app.state.engine = engine
         yield
+        chat.shutdown()
         engine.shutdown()  # the server is stopping: stop EngineCore with it
 
     app = FastAPI(title="minivllm", lifespan=lifespan)
-    name = engine.served_model_name
-    completion, chat = OpenAIServingCompletion(engine, name), OpenAIServingChat(engine, name)
+    app.add_middleware(RequestBodyLimit, max_bytes=max_request_body_bytes)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0] if exc.errors() else {}
+        if first.get("type") == "json_invalid":
+            return error_json(create_error_response(
+                f"The body is not valid JSON: {first.get('ctx', {}).get('error', 'decode error')} at position "
+                f"{first.get('loc', ('', '?'))[-1]}."))
         param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
-        return error_json(create_error_response(f"{param}: {first.get('msg', str(exc))}" if param else str(exc),
-                                                param=param))
+        message = first.get("msg", "invalid request")
+        return error_json(create_error_response(f"{param}: {message}" if param else message, param=param))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        """404, 405, and a body FastAPI could not parse (invalid UTF-8, nested too deep, a huge integer)."""
+        return error_json(create_error_response(body_error_message(exc), exc.status_code))
 
     @app.get("/health")
     async def health() -> Response:
@@ -122,6 +135,7 @@ def build_app(engine: AsyncLLM) -> FastAPI:
 
     async def respond(create, body, raw_request: Request) -> Response:
         try:
+            await engine.run_in_input_thread(check_unicode, body.model_dump(exclude_none=True))  # off the loop
             result = await create(body, raw_request.headers.get("X-Request-Id"))
         except Exception as e:
             return error_json(error_from_exception(e))
@@ -148,23 +162,32 @@ def run_server(args: argparse.Namespace) -> None:
     if args.model_tag is not None:
         args.model = args.model_tag
     engine = AsyncLLM.from_engine_args(EngineArgs.from_cli_args(args), args.served_model_name)
-    config = uvicorn.Config(build_app(engine), host=args.host, port=args.port, log_level=args.uvicorn_log_level,
-                            timeout_graceful_shutdown=5)
+    app = build_app(engine, args.trust_request_chat_template, args.max_request_body_bytes)
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
+                            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
     try:
-        asyncio.run(serve_http(uvicorn.Server(config)))
+        asyncio.run(serve_http(uvicorn.Server(config), engine))
     finally:
         engine.shutdown()
 
 
-async def serve_http(server: uvicorn.Server) -> None:
+async def serve_http(server: uvicorn.Server, engine: AsyncLLM | None = None) -> None:
     """As vLLM's serve_http: SIGTERM and SIGINT stop the server gracefully and the process exits 0.
 
     (uvicorn's own handlers re-raise the signal once it has stopped, so the process would end by it.)
+    One second before uvicorn's grace period ends, the requests still running are failed with a 503,
+    so that a stream ends with an error event and [DONE] instead of a cut connection.
     """
     loop = asyncio.get_running_loop()
     server.capture_signals = contextlib.nullcontext  # ours, below, instead of uvicorn's
+
+    def stop(sig) -> None:
+        server.handle_exit(sig, None)
+        if engine is not None:
+            loop.call_later(max(0, server.config.timeout_graceful_shutdown - 1), fail_running_requests, engine)
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, server.handle_exit, sig, None)
+        loop.add_signal_handler(sig, stop, sig)
     await server.serve()
 
 
@@ -175,7 +198,7 @@ class ServerThread:
     joins; the lifespan's exit then shuts the engine down.
     """
 
-    def __init__(self, engine: AsyncLLM, host: str = "127.0.0.1", log_level: str = "warning") -> None:
+    def __init__(self, engine: AsyncLLM, host: str = "127.0.0.1", log_level: str = "warning", **app_kwargs) -> None:
         import socket
         import threading
         self.engine = engine
@@ -183,7 +206,7 @@ class ServerThread:
         self.socket.bind((host, 0))
         port = self.socket.getsockname()[1]
         self.url = f"http://{host}:{port}/v1"
-        self.app = build_app(engine)
+        self.app = build_app(engine, **app_kwargs)
         self.server = uvicorn.Server(uvicorn.Config(self.app, log_level=log_level,
                                                     timeout_graceful_shutdown=5))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]},

@@ -8,6 +8,8 @@ import argparse
 
 from minivllm.engine.arg_utils import EngineArgs
 
+DEFAULT_MAX_REQUEST_BODY_BYTES = 16 << 20  # 16 MiB: any prompt max_model_len can hold, many times over
+
 
 def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """`serve [MODEL]`, the server's flags, then every engine argument (EngineArgs.add_cli_args)."""
@@ -16,6 +18,11 @@ def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--port", type=int, default=8000, help="port to listen on (default: %(default)s)")
     parser.add_argument("--served-model-name", default=None,
                         help="the model's name in the API (default: the model argument, or SmolLM2-135M-Instruct)")
+    parser.add_argument("--trust-request-chat-template", action="store_true",
+                        help="accept a chat_template sent with a request (vLLM's flag; off: such a request is a 400)")
+    parser.add_argument("--max-request-body-bytes", type=int, default=DEFAULT_MAX_REQUEST_BODY_BYTES,
+                        help="a larger HTTP body is refused with a 413 before it is read whole (minivllm's; vLLM "
+                             "leaves this to a proxy) (default: %(default)s)")
     parser.add_argument("--uvicorn-log-level", default="info",
                         choices=["critical", "error", "warning", "info", "debug", "trace"],
                         help="uvicorn's log level (default: %(default)s)")

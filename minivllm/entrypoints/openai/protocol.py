@@ -1,13 +1,17 @@
 """Mirror of vllm/entrypoints/openai/protocol.py: the OpenAI API's requests and responses as pydantic models.
 
 A request's sampling fields become one SamplingParams (`to_sampling_params`), whose own checks name
-a bad value (a 400). As vLLM, the fields OpenAI lacks (top_k, min_p, repetition_penalty, min_tokens,
-ignore_eos, stop_token_ids, ...) come through the body too (`extra_body` in the openai client), and
-unknown fields are ignored. Left out: tools and function calls, response_format / guided decoding,
-multimodal content, beam search, `echo`, `suffix`, `best_of`, prompt_logprobs, embeddings.
+a bad value (a 400). As vLLM, the fields OpenAI lacks (top_k, min_p, min_tokens, ignore_eos, ...) come
+through the body too (`extra_body` in the openai client), and unknown fields are ignored. As vLLM's
+server: seed must fit int64, logit_bias is clamped to [-100, 100]. A lone surrogate ("\\ud800") in any
+string is a 400. Refused by name (400) rather than ignored: tools, response_format, prompt_logprobs,
+`echo`, `suffix`, `best_of` > 1; left out: multimodal content, beam search, embeddings. Where we differ
+from vLLM: n <= MAX_N_SEQUENCES = 256 (vLLM's VLLM_MAX_N_SEQUENCES: 16384; here the parent folds all n
+outputs every step) and a completion takes at most MAX_PROMPTS = 1024 prompts.
 """
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from typing import Any, Literal
@@ -15,6 +19,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from minivllm.sampling_params import SamplingParams
+
+MAX_N_SEQUENCES = 256  # samples per prompt (vLLM: VLLM_MAX_N_SEQUENCES, 16384)
+MAX_PROMPTS = 1024  # prompts in one /v1/completions request
+INT64 = (-(2**63), 2**63 - 1)  # vLLM's seed range (torch.long)
+LOGIT_BIAS_RANGE = (-100.0, 100.0)  # vLLM's server clamps every bias into it
+# fields vLLM serves and minivllm refuses, with the values that ask for nothing (accepted)
+UNSERVED = {"response_format": [{"type": "text"}], "prompt_logprobs": [], "tools": [[]], "tool_choice": ["none"],
+            "echo": [False], "suffix": [], "best_of": [1]}
 
 
 def random_uuid() -> str:
@@ -68,11 +80,11 @@ class UsageInfo(OpenAIBaseModel):
 class SamplingRequest(OpenAIBaseModel):
     """The sampling fields shared by /v1/completions and /v1/chat/completions (vLLM's extras included)."""
     model: str | None = None
-    n: int = 1
+    n: int = Field(1, ge=1, le=MAX_N_SEQUENCES)
     temperature: float | None = None  # None: the model's generation_config default, else 1.0
     top_p: float | None = None
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=INT64[0], le=INT64[1])
     presence_penalty: float | None = 0.0
     frequency_penalty: float | None = 0.0
     logit_bias: dict[str, float] | None = None
@@ -91,24 +103,44 @@ class SamplingRequest(OpenAIBaseModel):
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
     priority: int = 0
+    # served by vLLM, not by minivllm: present only to be refused by name (UNSERVED), not silently ignored
+    response_format: dict[str, Any] | None = None
+    prompt_logprobs: int | None = None
+
+    def _refuse_unsupported(self) -> None:
+        """A field vLLM serves and minivllm does not is a 400 naming it, not silently ignored."""
+        for name, harmless in UNSERVED.items():
+            value = getattr(self, name, None)
+            if value is not None and value not in harmless:
+                raise ValueError(f"{name} is not supported by minivllm's server: leave it unset.")
+
+    def _logit_bias(self) -> dict[int, float] | None:
+        """As vLLM's server: keys are token ids written as strings, each bias clamped to [-100, 100]."""
+        if not self.logit_bias:
+            return None
+        result, low, high = {}, *LOGIT_BIAS_RANGE
+        for token, bias in self.logit_bias.items():
+            try:
+                token_id = int(token)
+            except ValueError:
+                raise ValueError(f"logit_bias keys must be token ids (integer strings); {token[:20]!r} is not "
+                                 f"({len(self.logit_bias)} keys sent).") from None
+            if not math.isfinite(bias):
+                raise ValueError(f"logit_bias[{token[:20]!r}] = {bias}: a bias must be a finite number "
+                                 f"(it is clamped to [{low:g}, {high:g}]).")
+            result[token_id] = min(high, max(low, bias))
+        return result
 
     def _sampling_params(self, max_tokens: int | None, logprobs: int | None, defaults: dict) -> SamplingParams:
         """As vLLM's to_sampling_params: a field left unset takes the model's default, then SamplingParams'."""
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options can only be set when stream is true.")
-        picked = {}
-        for name in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty"):
-            value = getattr(self, name)
-            if value is None:
-                value = defaults.get(name)
-            if value is not None:
-                picked[name] = value
-        logit_bias = None
-        if self.logit_bias:
-            try:
-                logit_bias = {int(token): bias for token, bias in self.logit_bias.items()}
-            except ValueError:
-                raise ValueError(f"logit_bias keys must be token ids, got {sorted(self.logit_bias)}.") from None
+        names = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+        picked = {name: getattr(self, name) for name in names}
+        picked = {name: defaults.get(name) if value is None else value for name, value in picked.items()}
+        picked = {name: value for name, value in picked.items() if value is not None}
+        self._refuse_unsupported()
+        logit_bias = self._logit_bias()
         return SamplingParams(
             n=self.n, presence_penalty=self.presence_penalty or 0.0, frequency_penalty=self.frequency_penalty or 0.0,
             seed=self.seed, stop=self.stop, stop_token_ids=self.stop_token_ids, max_tokens=max_tokens,
@@ -121,13 +153,11 @@ class CompletionRequest(SamplingRequest):
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = 16  # OpenAI's default for completions
     logprobs: int | None = None
-    echo: bool = False
+    echo: bool = False  # echo, suffix, best_of > 1: refused (UNSERVED)
     suffix: str | None = None
     best_of: int | None = None
 
     def to_sampling_params(self, defaults: dict) -> SamplingParams:
-        if self.echo or self.suffix is not None or (self.best_of or 1) > 1:
-            raise ValueError("echo, suffix and best_of > 1 are not supported by minivllm's server: leave them unset.")
         return self._sampling_params(self.max_tokens, self.logprobs, defaults)
 
 
@@ -146,24 +176,14 @@ class ChatCompletionRequest(SamplingRequest):
     continue_final_message: bool = False
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None  # refused (UNSERVED)
+    tool_choice: str | dict[str, Any] | None = None  # refused unless "none"
 
     def to_sampling_params(self, defaults: dict) -> SamplingParams:
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs=true.")
         max_tokens = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
         return self._sampling_params(max_tokens, (self.top_logprobs or 0) if self.logprobs else None, defaults)
-
-    def conversation(self) -> list[dict[str, str]]:
-        """Messages as {"role", "content"} strings; text parts [{"type": "text", "text": ...}] are joined."""
-        messages = []
-        for i, message in enumerate(self.messages):
-            content = message.content
-            if isinstance(content, list):
-                if any(part.get("type") != "text" for part in content):
-                    raise ValueError(f"messages[{i}].content: only 'text' parts are supported (no images or audio).")
-                content = "\n".join(str(part.get("text", "")) for part in content)
-            messages.append({"role": message.role, "content": content or ""})
-        return messages
 
 
 class CompletionLogProbs(OpenAIBaseModel):

@@ -1,14 +1,21 @@
 """Mirror of vllm/entrypoints/openai/serving_chat.py: POST /v1/chat/completions.
 
-The conversation is rendered with the model's chat template (or the request's `chat_template`)
-and tokenized without adding special tokens again, as LLM.chat; then it is one engine request
-with n samples. Streamed: a first chunk per choice carries `role: assistant`, then one chunk per
-step with the new content, the last with its finish_reason, then the usage chunk if asked for.
-Left out: tools and tool_choice, reasoning parsers, response_format, multimodal parts, `echo`.
+The conversation is rendered with the model's chat template (or the request's `chat_template`, only
+on a server started with --trust-request-chat-template, as vLLM) in a child process bounded in time,
+memory and output (minivllm/entrypoints/chat_utils.py), and tokenized on the engine's tokenizer thread
+without adding special tokens again, as LLM.chat; then it is one engine request with n samples.
+Streamed: a first chunk per choice carries `role: assistant`, then one chunk per step with the new
+content, the last (once per choice) with its finish_reason, then the usage chunk if asked for.
+Left out, and refused by name: tools and tool_choice, response_format; left out: reasoning parsers,
+multimodal parts, `echo`.
 """
 from __future__ import annotations
 
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
 from typing import AsyncGenerator
+
+from minivllm.entrypoints.chat_utils import ChatTemplateRenderer, parse_chat_messages
 
 from minivllm.entrypoints.openai.protocol import (ChatCompletionLogProb, ChatCompletionLogProbs,
                                                   ChatCompletionLogProbsContent, ChatCompletionRequest,
@@ -20,28 +27,46 @@ from minivllm.outputs import CompletionOutput, RequestOutput
 
 
 class OpenAIServingChat(OpenAIServing):
-    def render(self, request: ChatCompletionRequest) -> dict:
+    def __init__(self, engine_client, served_model_name: str, trust_request_chat_template: bool = False) -> None:
+        super().__init__(engine_client, served_model_name)
+        self.trust_request_chat_template = trust_request_chat_template
+        self.renderer = ChatTemplateRenderer(engine_client.model_folder, self.max_prompt_chars)
+        self.render_executor = ThreadPoolExecutor(1, thread_name_prefix="minivllm-chat-template")
+
+    def shutdown(self) -> None:
+        self.renderer.shutdown()
+        self.render_executor.shutdown(wait=False, cancel_futures=True)
+
+    async def render(self, request: ChatCompletionRequest, params) -> tuple[dict, object]:
         tokenizer = self.engine_client.tokenizer
-        if request.chat_template is None and tokenizer.chat_template is None:
+        options = {"add_generation_prompt": request.add_generation_prompt,
+                   "continue_final_message": request.continue_final_message, **(request.chat_template_kwargs or {})}
+        template = request.chat_template if request.chat_template is not None else options.pop("chat_template", None)
+        options.pop("chat_template", None)
+        if not self.trust_request_chat_template and template is not None:
+            raise ValueError("Chat template is passed with request, but --trust-request-chat-template is not set. "
+                             "Refused request with untrusted chat template.")  # vLLM's message
+        if template is None and tokenizer.chat_template is None:
             raise ValueError("This model's tokenizer has no chat template: pass chat_template in the request, "
                              "or use /v1/completions.")
-        if request.add_generation_prompt and request.continue_final_message:
+        if options["add_generation_prompt"] and options["continue_final_message"]:
             raise ValueError("continue_final_message=true extends the last message, add_generation_prompt=true "
                              "starts a new one: set add_generation_prompt=false.")
         if not request.messages:
             raise ValueError("messages is empty: send at least one {'role': 'user', 'content': ...} message.")
-        text = tokenizer.apply_chat_template(
-            request.conversation(), chat_template=request.chat_template, tokenize=False,
-            add_generation_prompt=request.add_generation_prompt,
-            continue_final_message=request.continue_final_message, **(request.chat_template_kwargs or {}))
-        return {"prompt": text, "prompt_token_ids": tokenizer.encode(text, add_special_tokens=False)}
+        messages = parse_chat_messages(request.messages)
+        text = await asyncio.get_running_loop().run_in_executor(
+            self.render_executor, lambda: self.renderer.render(messages, template, **options))
+        return await self.prepare_prompt(text, params, add_special_tokens=False)
 
     async def create_chat_completion(self, request: ChatCompletionRequest, request_id: str | None = None
                                      ) -> ChatCompletionResponse | AbortOnClose:
         self.check_model(request.model)
         params = request.to_sampling_params(self.default_sampling_params)
+        self.check_params(params)
         request_id = self.request_id("chatcmpl", request_id)
-        collector = await self.engine_client.add_request(request_id, self.render(request), params, request.priority)
+        inputs, params = await self.render(request, params)
+        collector = await self.engine_client.add_request(request_id, inputs, params, request.priority)
         outputs = self.engine_client.iterate(request_id, collector)
         if request.stream:
             return AbortOnClose(self.chat_stream(request, request_id, outputs), self.engine_client, [request_id])
@@ -68,11 +93,15 @@ class OpenAIServingChat(OpenAIServing):
         final: RequestOutput | None = None
         sent_text = [0] * request.n
         sent_tokens = [0] * request.n
+        finished = [False] * request.n  # a choice's finish_reason is sent once, never again
         yield chunk([ChatCompletionResponseChoice(index=i, delta=ChatResponseMessage(role="assistant", content=""))
                      for i in range(request.n)])
         try:
             async for final in outputs:
                 for c in final.outputs:
+                    if finished[c.index]:
+                        continue
+                    finished[c.index] = c.finished()
                     delta = stream_text_delta(c, sent_text[c.index], request.stop)
                     if not delta and not c.finished():
                         continue

@@ -2,7 +2,8 @@
 
 Each prompt of the request (a string, token ids, or a list of either) is one engine request; with
 n samples, choice `index` is prompt_index * n + sample_index, as vLLM. Streamed, every step that
-adds text sends one chunk per choice that moved; while stop strings are pending, the last
+adds text sends one chunk per choice that moved, and each choice's finish_reason comes exactly once
+(vLLM's test_parallel_streaming: n chunks with a finish_reason for n choices); while stop strings are pending, the last
 len(longest stop) - 1 characters are held back, since a stop string found later cuts them off
 (vLLM's detokenizer holds them back the same way). Left out: echo, suffix, best_of, prompt_logprobs.
 """
@@ -10,8 +11,8 @@ from __future__ import annotations
 
 from typing import AsyncGenerator
 
-from minivllm.entrypoints.openai.protocol import (CompletionLogProbs, CompletionRequest, CompletionResponse,
-                                                  CompletionResponseChoice)
+from minivllm.entrypoints.openai.protocol import (MAX_PROMPTS, CompletionLogProbs, CompletionRequest,
+                                                  CompletionResponse, CompletionResponseChoice)
 from minivllm.entrypoints.openai.serving_engine import AbortOnClose, OpenAIServing, merge_async_iterators, sse
 from minivllm.outputs import CompletionOutput, RequestOutput
 
@@ -36,12 +37,16 @@ class OpenAIServingCompletion(OpenAIServing):
             prompts = [prompts]
         if not prompts:
             raise ValueError("prompt is empty: pass a string, a list of strings, or token ids.")
+        if len(prompts) > MAX_PROMPTS:
+            raise ValueError(f"prompt holds {len(prompts)} prompts, more than {MAX_PROMPTS}: split the request.")
+        self.check_params(params)
         request_id = self.request_id("cmpl", request_id)
         engine, submitted = self.engine_client, []
         try:
             for i, prompt in enumerate(prompts):
                 rid = f"{request_id}-{i}"
-                submitted.append((rid, await engine.add_request(rid, prompt, params, request.priority)))
+                inputs, fitted = await self.prepare_prompt(prompt, params)
+                submitted.append((rid, await engine.add_request(rid, inputs, fitted, request.priority)))
         except BaseException:
             engine.abort([rid for rid, _ in submitted])
             raise
@@ -72,6 +77,7 @@ class OpenAIServingCompletion(OpenAIServing):
                                 n: int) -> AsyncGenerator[str, None]:
         sent_text: dict[int, int] = {}  # choice index -> characters sent
         sent_tokens: dict[int, int] = {}  # choice index -> tokens whose logprobs were sent
+        finished: set[int] = set()  # choices whose finish_reason was sent: never sent again
         final: dict[int, RequestOutput] = {}
         merged = merge_async_iterators(*streams)
         try:
@@ -79,11 +85,15 @@ class OpenAIServingCompletion(OpenAIServing):
                 final[i] = output
                 for c in output.outputs:
                     index = i * n + c.index
+                    if index in finished:
+                        continue
                     text_done, token_done = sent_text.get(index, 0), sent_tokens.get(index, 0)
                     delta = stream_text_delta(c, text_done, request.stop)
                     if not delta and not c.finished():
                         continue
                     sent_text[index], sent_tokens[index] = text_done + len(delta), len(c.token_ids)
+                    if c.finished():
+                        finished.add(index)
                     choice = CompletionResponseChoice(
                         index=index, text=delta, finish_reason=c.finish_reason, stop_reason=c.stop_reason,
                         logprobs=self.logprobs(c, token_done, len(c.token_ids), text_done, request.logprobs))

@@ -1,14 +1,19 @@
 """Mirror of vllm/entrypoints/openai/serving_engine.py (and serving_models.py): what both endpoints share.
 
-OpenAIServing checks the model name, turns an exception into an OpenAI error object with its HTTP
-status, counts usage, and frames a stream as Server-Sent Events. Errors: a bad field or prompt is a
-ValueError -> 400 BadRequestError; an unknown model 404 NotFoundError; a dead EngineCore 500
-InternalServerError. Left out: LoRA adapters, served-model aliases, request logging, tokenization
-endpoints.
+OpenAIServing checks the model name, tokenizes a prompt on the engine's tokenizer thread, fits
+max_tokens to max_model_len as vLLM's server does (null: up to max_model_len; prompt + max_tokens over
+it: a 400), turns an exception into an OpenAI error object with its HTTP status, counts usage, and
+frames a stream as Server-Sent Events. Errors: a bad field or prompt is a ValueError -> 400
+BadRequestError; an unknown model 404 NotFoundError; a dead EngineCore 500 InternalServerError; a
+server shutting down 503. A text prompt longer than max_model_len tokens could ever spell (at most
+the longest token's length per token) is refused before it is tokenized. Left out: LoRA adapters,
+served-model aliases, request logging, tokenization endpoints.
 """
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import functools
 import json
 from http import HTTPStatus
 from typing import AsyncGenerator, AsyncIterator
@@ -18,22 +23,30 @@ from minivllm.engine.core_client import EngineDeadError
 from minivllm.entrypoints.openai.protocol import (ErrorInfo, ErrorResponse, PromptTokenUsageInfo, UsageInfo,
                                                   random_uuid)
 from minivllm.outputs import RequestOutput
+from minivllm.sampling_params import SamplingParams
 
 
 class ModelNotFoundError(ValueError):
     pass
 
 
+class ServerShuttingDownError(RuntimeError):
+    """Put into every request still running when the server's grace period ends (SIGTERM): a 503."""
+
+
 def create_error_response(message: str, status: HTTPStatus = HTTPStatus.BAD_REQUEST,
                           param: str | None = None) -> ErrorResponse:
-    kind = {HTTPStatus.BAD_REQUEST: "BadRequestError", HTTPStatus.NOT_FOUND: "NotFoundError",
-            HTTPStatus.SERVICE_UNAVAILABLE: "ServiceUnavailableError"}.get(status, "InternalServerError")
+    """E.g. 400 -> type "BadRequestError", 413 -> "RequestEntityTooLargeError", 500 -> "InternalServerError"."""
+    status = HTTPStatus(status)
+    kind = status.phrase.title().replace(" ", "").replace("-", "").removesuffix("Error") + "Error"
     return ErrorResponse(error=ErrorInfo(message=message, type=kind, param=param, code=int(status)))
 
 
 def error_from_exception(e: BaseException) -> ErrorResponse:
     if isinstance(e, ModelNotFoundError):
         return create_error_response(str(e), HTTPStatus.NOT_FOUND, "model")
+    if isinstance(e, ServerShuttingDownError):
+        return create_error_response(str(e), HTTPStatus.SERVICE_UNAVAILABLE)
     if isinstance(e, ValueError):
         return create_error_response(str(e))
     if isinstance(e, EngineDeadError):
@@ -94,11 +107,69 @@ class AbortOnClose:
         self.engine_client.abort(self.request_ids)
 
 
+@functools.lru_cache(maxsize=4)
+def max_chars_per_token(tokenizer) -> int:
+    """The longest token's text: a prompt of N tokens has at most N times this many characters (SmolLM2: 81)."""
+    return max(len(text) for text in tokenizer.batch_decode([[i] for i in range(len(tokenizer))]))
+
+
+def short(value, limit: int = 24) -> str:
+    """A value for an error message, cut to one short line: 10**4000 is not echoed digit by digit."""
+    text = str(value)
+    return text if len(text) <= limit else text[:limit] + f"...({len(text)} chars)"
+
+
 class OpenAIServing:
     def __init__(self, engine_client: AsyncLLM, served_model_name: str) -> None:
         self.engine_client = engine_client
         self.served_model_name = served_model_name
         self.default_sampling_params = dict(engine_client.sampling_overrides)
+        self.max_model_len = engine_client.info["max_model_len"]
+        self.vocab_size = engine_client.hf_config.vocab_size
+        # a margin of 2 for tokenizers that normalize (strip, merge spaces) before they split
+        self.max_prompt_chars = 2 * self.max_model_len * max_chars_per_token(engine_client.tokenizer)
+
+    def check_params(self, params: SamplingParams) -> None:
+        """Token ids in logit_bias / allowed_token_ids inside the vocabulary, said in one line (not every id)."""
+        for name in ("logit_bias", "allowed_token_ids"):
+            outside = [t for t in (getattr(params, name) or ()) if t >= self.vocab_size]
+            if outside:
+                raise ValueError(f"{name} has {len(outside)} token ids outside the vocabulary [0, {self.vocab_size}"
+                                 f"), e.g. {short(outside[0])}.")
+
+    async def prepare_prompt(self, prompt: str | list[int], params: SamplingParams,
+                             add_special_tokens: bool = True) -> tuple[dict, SamplingParams]:
+        """Tokenize (off the event loop) and fit max_tokens: ({"prompt", "prompt_token_ids"}, params).
+
+        As vLLM's server: max_tokens null means max_model_len - prompt tokens; a prompt plus max_tokens
+        over max_model_len is a 400, not silently capped.
+        """
+        if isinstance(prompt, str):
+            if len(prompt) > self.max_prompt_chars:
+                raise ValueError(f"The prompt has {len(prompt)} characters, more than max_model_len="
+                                 f"{self.max_model_len} tokens can hold: shorten it.")
+            tokenizer = self.engine_client.tokenizer
+            encode = functools.partial(tokenizer.encode, add_special_tokens=add_special_tokens)
+            text, token_ids = prompt, await self.engine_client.run_in_input_thread(encode, prompt)
+        else:
+            text, token_ids = None, prompt
+            if len(token_ids) <= self.max_model_len:
+                outside = next((t for t in token_ids if not 0 <= t < self.vocab_size), None)
+                if outside is not None:  # vLLM's wording: "Token id ... is out of vocabulary"
+                    raise ValueError(f"Token id {short(outside)} is out of vocabulary (the model's ids are "
+                                     f"0 to {self.vocab_size - 1}).")
+        num_tokens, max_len = len(token_ids), self.max_model_len
+        if num_tokens >= max_len:
+            raise ValueError(f"This model's maximum context length is {max_len} tokens, but the prompt has "
+                             f"{num_tokens}: shorten it below {max_len} tokens to leave room for the output.")
+        if params.max_tokens is None:
+            params = dataclasses.replace(params, max_tokens=max_len - num_tokens)
+        elif num_tokens + params.max_tokens > max_len:
+            raise ValueError(f"max_tokens={short(params.max_tokens)} is too large: this model's maximum context "
+                             f"length is {max_len} tokens and the prompt has {num_tokens} ({short(params.max_tokens)}"
+                             f" > {max_len} - {num_tokens}). Lower max_tokens, or leave it null for up to "
+                             f"max_model_len.")
+        return {"prompt": text, "prompt_token_ids": token_ids}, params
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.served_model_name:
