@@ -44,8 +44,10 @@ return out;
 """
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def browser():
+    """A fresh headless Chromium per test, started after the run's trace is made (a tab idle through a long
+    engine run on a loaded machine was seen to crash)."""
     try:
         from selenium import webdriver
         from selenium.webdriver.chrome.service import Service
@@ -63,8 +65,10 @@ def browser():
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(options=options, service=Service(executable_path=str(CHROMEDRIVER)))
     driver.set_page_load_timeout(60)
-    yield driver
-    driver.quit()
+    try:
+        yield driver
+    finally:
+        driver.quit()
 
 
 @pytest.fixture(scope="module", params=list(RUNS))
@@ -164,7 +168,7 @@ def assert_step_matches_trace(page: dict, ev: dict, trace: dict) -> None:
 
 
 @pytest.mark.timeout(900)
-def test_viewer_steps_through_the_trace(browser, run, tmp_path):
+def test_viewer_steps_through_the_trace(run, browser, tmp_path):
     name, trace, html = run
     by_step = steps_of(trace)
     last = max(by_step)
@@ -182,7 +186,7 @@ def test_viewer_steps_through_the_trace(browser, run, tmp_path):
 
 
 @pytest.mark.timeout(300)
-def test_viewer_marks_events_and_opens_step_from_hash(browser, run, tmp_path):
+def test_viewer_marks_events_and_opens_step_from_hash(run, browser, tmp_path):
     from selenium.webdriver.common.keys import Keys
 
     name, trace, html = run
