@@ -244,3 +244,18 @@ def test_html_is_self_contained(run):
     assert embedded["trace"]["events"] == trace["events"]  # the very trace --json writes
     assert embedded["config"]["max_num_batched_tokens"] == int(dict(zip(RUNS[name], RUNS[name][1:])).get(
         "--max-num-batched-tokens", 8192))
+
+
+def test_a_prompt_cannot_end_the_embedded_trace():
+    """A prompt holding "</script>" stays data: the page still has exactly its own two closing tags."""
+    from minivllm.tracing.html import render_html
+    from minivllm.tracing.tracer import Trace
+
+    prompt = "</script><script>alert(1)</script>"
+    trace = Trace({"num_gpu_blocks": 4, "block_size": 16, "pid": 1}, [
+        {"kind": "submit", "process": "caller", "pid": 1, "request_id": "0", "prompt": prompt,
+         "prompt_token_ids": [1, 2], "max_tokens": 1}], caller_pid=1)
+    page = render_html(trace)
+    assert page.count("</script>") == 2
+    start = page.index('type="application/json">') + len('type="application/json">')
+    assert json.loads(page[start:page.index("</script>", start)])["trace"]["events"][0]["prompt"] == prompt
