@@ -25,8 +25,8 @@ def scenario(kind: str, llm, obs: dict) -> dict:
             return ec.run(llm, ec.PROMPTS[:2], GREEDY, obs)
     if kind == "preempted":  # 4 requests of 19-25 tokens (13 blocks of 8) in 11 blocks: someone is preempted
         return ec.run(llm, ec.PROMPTS, preempting, obs)
-    if kind == "chunked-preempted":  # the same under a budget of 4 tokens: chunks, and a preemption mid-way
-        with ec.budget(llm, 4):
+    if kind == "chunked-preempted":  # the same under a budget of 6 tokens: chunks, and a preemption mid-way
+        with ec.budget(llm, 6):
             return ec.run(llm, ec.PROMPTS, preempting, obs)
     if kind == "eos":  # long enough for SmolLM2 to end one answer with EOS
         return ec.run(llm, ["<|im_start|>user\nSay hi.<|im_end|>\n<|im_start|>assistant\n"],
