@@ -165,3 +165,21 @@ def test_an_untouched_stub_scores_0(lab_id, tmp_path):
     passed, total = check_lab(lab_id, tmp_path / "exercises", out=lines.append)
     assert passed == 0, "\n".join(lines)
     assert lines[-1] == f"lab {lab_id}: 0/{total} checks passed  score 0.00"
+
+
+@pytest.mark.timeout(300)
+def test_the_graders_own_loop_is_bounded_in_steps(tmp_path):
+    """Lab 2's victim-state check steps the engine after the preemption; a submission that stalls the scheduler
+    (the victim is never readmitted) fails it at the step bound, not by hanging or by the time bound."""
+    base = (EXERCISES / "lab02_preemption.py").read_text()
+    body = base.split("### BEGIN SOLUTION\n")[1].split("    ### END SOLUTION")[0]
+    source = ("from minivllm.request import RequestStatus\n\n\ndef _preempt_request(self, request):\n" + body +
+              "    self.scheduler_config.max_num_batched_tokens = 0\n")
+    folder = tmp_path / "s"
+    folder.mkdir()
+    (folder / "lab02_preemption.py").write_text(source)
+    lines = []
+    passed, _ = check_lab(2, folder, out=lines.append, first_failure=True)
+    text = "\n".join(lines)
+    assert passed == 0 and "check 'terminates' failed" in text and "within 400 steps" in text, text
+    assert "did not finish within" not in text, text

@@ -138,7 +138,6 @@ def run(llm, prompts, params: SamplingParams, obs: dict) -> dict:
             ids.append(engine.next_request_id())
             engine.add_request(ids[-1], prompt, params)
         finished, step = {}, 0
-        obs["terminated"] = False
         while engine.has_unfinished_requests() and step < MAX_STEPS:
             step += 1
             for output in engine.step():
