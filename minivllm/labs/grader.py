@@ -119,7 +119,7 @@ def _outcome(answer: dict, what: str, memory_mb: int, timeout: float) -> dict:
         raise _Failed(f"{what}: sent back more than 32 MB")
     try:
         payload = json.loads(answer["payload"]) if answer.get("payload") else None
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth: not a result
         payload = None
     if not isinstance(payload, dict):
         how = (f"was killed by signal {answer['signal']}" if answer.get("signal") is not None
@@ -153,7 +153,7 @@ def _judge(lab, name: str, judge, result: dict, reference: dict, memory_mb: int)
         judge(obs, reference)
     except LabCheckFailed:
         raise
-    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
+    except Exception as e:  # noqa: BLE001 - a missing or malformed field: the observation is incomplete
         raise _Failed(f"check {name!r}: the grading process sent back an incomplete observation "
                       f"({type(e).__name__}: {e})") from None
     calls = result.get("calls") or {}

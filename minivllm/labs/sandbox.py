@@ -159,6 +159,7 @@ def _child(job: dict, w: int, r: int, out, own_fds: tuple) -> None:
     import resource
     try:
         os.setsid()
+        _die_with_parent()
         os.close(r)
         for fd in own_fds:
             os.close(fd)
@@ -187,6 +188,15 @@ def _child(job: dict, w: int, r: int, out, own_fds: tuple) -> None:
         traceback.print_exc()
         os._exit(70)
     os._exit(0)
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGKILL this process when the zygote dies (prctl PR_SET_PDEATHSIG), so nothing outlives the grader."""
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass  # not Linux: the timeout and RLIMIT_CPU still bound the process
 
 
 def _plain(value):
