@@ -19,7 +19,7 @@ from minivllm.core import kv_cache_utils
 from minivllm.core.sched import scheduler as scheduler_module
 from minivllm.core.sched.scheduler import Scheduler
 from minivllm.forward_context import set_forward_context
-from minivllm.labs.exercises import (lab01_generate_loop, lab02_preemption, lab03_input_packing, lab04_forward_context,
+from minivllm.labs.exercises import (lab02_preemption, lab03_input_packing, lab04_forward_context,
                                     lab05_paged_kv, lab06_stop_and_free, lab07_block_hash, lab08_top_k_top_p)
 from minivllm.labs.registry import LABS
 from minivllm.request import Request, RequestStatus
@@ -162,19 +162,11 @@ def test_lab2_and_lab6_scheduler_methods_equal_the_schedulers(block_size, fn_nam
         assert _state(ours) == _state(theirs)
 
 
-@pytest.fixture(scope="module")
-def llm():
-    from minivllm import LLM
-    llm = LLM(multiprocess=False, block_size=8, num_gpu_blocks_override=12)
-    yield llm
-    llm.shutdown()
-
-
 @pytest.mark.timeout(300)
-def test_lab1_generate_loop_equals_llm_generate(llm):
-    prompts = ["Once upon a time", "Hi there, how are you today?", "1, 2, 3, 4, 5,"]
-    params = SamplingParams(max_tokens=7, temperature=0)
-    ours = llm.generate(prompts, params, use_tqdm=False)
-    theirs = lab01_generate_loop.generate_loop(llm.llm_engine, prompts, params)
-    assert [(o.prompt, list(o.outputs[0].token_ids), o.outputs[0].finish_reason) for o in ours] == \
-        [(o.prompt, list(o.outputs[0].token_ids), o.outputs[0].finish_reason) for o in theirs]
+def test_lab1_generate_loop_equals_llm_generate():
+    """Lab 1's reference against LLM.generate's own loop (LLM._run_engine), in the real engine: the grader's
+    reference observation is that loop's, so grading the exercise file compares the two (one shared helper)."""
+    from minivllm.labs.grader import check_lab
+    lines = []
+    passed, total = check_lab(1, out=lines.append)
+    assert passed == total, "\n".join(lines)
