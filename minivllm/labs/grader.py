@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import signal
 from pathlib import Path
 
 from minivllm.labs import guard
@@ -124,8 +125,10 @@ def _outcome(answer: dict, what: str, memory_mb: int, timeout: float) -> dict:
     if not isinstance(payload, dict):
         how = (f"was killed by signal {answer['signal']}" if answer.get("signal") is not None
                else f"exited with code {answer.get('exitcode')}")
-        hint = (" (over the memory bound of {} MB? see --memory-mb)".format(memory_mb) if answer.get("signal")
-                else " (does your file call os._exit, sys.exit or exit()?)")
+        hint = {None: " (does your file call os._exit, sys.exit or exit()?)",
+                signal.SIGXFSZ: " (it wrote a file or printed more than 16 MB)",
+                signal.SIGXCPU: f" (more CPU time than the time bound of {timeout:g} s: see --timeout)"}.get(
+                    answer.get("signal"), f" (over the memory bound of {memory_mb} MB? see --memory-mb)")
         printed = _quote(answer.get("output", ""))
         raise _Failed(f"{what}: the grading process {how} before sending a result{hint}{printed}")
     if "refused" in payload:
