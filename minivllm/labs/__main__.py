@@ -22,10 +22,12 @@ def main(argv=None) -> int:
     p_check.add_argument("n", type=int, help=f"lab number: one of {sorted(LABS)}")
     p_check.add_argument("--submission", help="a student's exercise file, or a folder holding it")
     p_check.add_argument("--inject", metavar="FAULT", help=f"switch a named fault on: one of {sorted(FAULTS)}")
+    _bounds(p_check)
     p_grade = sub.add_parser("grade", help="grade a class: one subfolder per student, one CSV row per student and lab")
     p_grade.add_argument("submissions_dir")
     p_grade.add_argument("--csv", required=True, help="the CSV file to write")
     p_grade.add_argument("--labs", help="comma-separated lab numbers (default: every lab)")
+    _bounds(p_grade)
     args = parser.parse_args(argv)
 
     if args.command == "list":
@@ -55,25 +57,42 @@ def main(argv=None) -> int:
             parser.error(f"unknown fault {args.inject!r}: choose one of {sorted(FAULTS)}")
         if args.inject is not None and FAULTS[args.inject][0] != args.n:
             parser.error(f"fault {args.inject!r} belongs to lab {FAULTS[args.inject][0]}, not lab {args.n}")
-        passed, total = check_lab(args.n, args.submission, args.inject)
+        passed, total = check_lab(args.n, args.submission, args.inject, timeout=args.timeout,
+                                  memory_mb=args.memory_mb)
         return 0 if passed == total else 1
     lab_ids = sorted(LABS) if not args.labs else [int(x) for x in args.labs.split(",")]
     bad = [n for n in lab_ids if n not in LABS]
     if bad:
         parser.error(f"no lab {bad}: choose from {sorted(LABS)}")
     students = sorted(p for p in Path(args.submissions_dir).iterdir() if p.is_dir())
+    sources = {}  # every file read before anyone is graded: a submission cannot rewrite a classmate's
+    for student in students:
+        folder = student / "exercises" if (student / "exercises").is_dir() else student
+        for n in lab_ids:
+            path = folder / f"{LABS[n].module}.py"
+            sources[student.name, n] = (folder, path.read_text(errors="replace") if path.is_file() else None)
+    rows = []
+    for student in students:
+        for n in lab_ids:
+            print(f"== {student.name}, lab {n}")
+            t = time.time()
+            folder, source = sources[student.name, n]
+            passed, total = check_lab(n, folder, source=source, timeout=args.timeout, memory_mb=args.memory_mb)
+            rows.append([student.name, n, passed, total, f"{passed / total:.2f}", f"{time.time() - t:.1f}"])
     with open(args.csv, "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["student", "lab", "passed", "total", "score", "seconds"])
-        for student in students:
-            folder = student / "exercises" if (student / "exercises").is_dir() else student
-            for n in lab_ids:
-                print(f"== {student.name}, lab {n}")
-                t = time.time()
-                passed, total = check_lab(n, folder)
-                writer.writerow([student.name, n, passed, total, f"{passed / total:.2f}", f"{time.time() - t:.1f}"])
+        writer.writerows(rows)
     print(f"wrote {args.csv}: {len(students)} students x {len(lab_ids)} labs")
     return 0
+
+
+def _bounds(parser) -> None:
+    from minivllm.labs.sandbox import DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT_S
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
+                        help=f"time bound of each check, in its own process (default {DEFAULT_TIMEOUT_S:g})")
+    parser.add_argument("--memory-mb", type=int, default=DEFAULT_MEMORY_MB, metavar="MB",
+                        help=f"memory each grading process may add to the loaded engine (default {DEFAULT_MEMORY_MB})")
 
 
 if __name__ == "__main__":

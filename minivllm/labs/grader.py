@@ -1,108 +1,194 @@
-"""Grade one lab: load a submission's exercise file, plug its functions into the engine, run the lab's checks.
+"""Grade one lab: every check of a submission in its own bounded process, judged here from what it returns.
 
-A check that raises LabCheckFailed fails with its message; NotImplementedError fails with the stub's own
-message (it names the function to write); any other exception fails as "raised <type>: <message>" at the check.
+The submission's file is read once, refused if it imports the grader or the reference solution (guard.py),
+then each check runs in a fresh grading process forked by the sandbox (sandbox.py): the process imports the
+file, plugs its functions into the engine, observes, and sends the observation back as plain data. The
+checks' verdicts and the score are computed here, in the grader's process, by comparing that observation
+with the reference observation (the same check with the engine's own functions, computed once per process).
+Nothing the submission prints, patches or exits with can change a verdict: a crash, an exit, a hang (past
+`timeout` seconds) or a memory bomb (past `memory_mb`) is a failed check with a message saying so.
 """
 from __future__ import annotations
 
-import contextlib
-import importlib
-import importlib.util
-import traceback
+import atexit
+import json
+import signal
 from pathlib import Path
-from unittest import mock
 
-from minivllm.labs import engine_checks
+from minivllm.labs import guard
 from minivllm.labs.errors import LabCheckFailed
-from minivllm.labs.faults import FAULTS
-from minivllm.labs.registry import LABS, reference
+from minivllm.labs.registry import LABS
+from minivllm.labs.sandbox import DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT_S, Sandbox, SandboxDied
 
 EXERCISES = Path(__file__).parent / "exercises"
+_SANDBOX: Sandbox | None = None
+_REFERENCE: dict = {}  # (lab id, check index) -> the engine's own observation
+_SLACK_S = 600.0  # the zygote's own time on top of a job's timeout: building an engine (about 10-30 s)
 
 
-def load_functions(lab, submission: str | Path | None = None, fault: str | None = None) -> dict:
-    """{function name: function} from the submission (a file, or a folder holding the lab's file) or ours."""
-    if submission is None:
-        module = importlib.import_module(f"minivllm.labs.exercises.{lab.module}")
-    else:
-        path = Path(submission)
-        if path.is_dir():
-            path = path / f"{lab.module}.py"
-        if not path.is_file():
-            raise FileNotFoundError(f"no {lab.module}.py in the submission {submission}")
-        spec = importlib.util.spec_from_file_location(f"submission_{lab.module}", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    functions = {**lab.fixed, **{name: getattr(module, name) for name in lab.functions}}
-    if fault is not None:
-        _, name, broken, _ = FAULTS[fault]
-        functions[name] = broken
-    return functions
+class _Failed(Exception):
+    """A check that failed for a reason other than its judge: the process crashed, hung, raised."""
 
 
-@contextlib.contextmanager
-def plugged(lab, functions: dict):
-    """Our functions replaced by the submission's for the duration; restored afterwards."""
-    with contextlib.ExitStack() as stack:
-        for name, targets in lab.targets.items():
-            for obj, attr in targets:
-                stack.enter_context(mock.patch.object(obj, attr, functions[name]))
-        yield
+def sandbox() -> Sandbox:
+    global _SANDBOX
+    if _SANDBOX is None:
+        _SANDBOX = Sandbox()
+        atexit.register(_SANDBOX.close)
+    return _SANDBOX
 
 
-def check_lab(lab_id: int, submission=None, fault: str | None = None, out=print,
-              first_failure: bool = False) -> tuple[int, int]:
+def lab_file(lab, submission) -> Path:
+    path = Path(submission)
+    return (path / f"{lab.module}.py" if path.is_dir() else path).resolve()
+
+
+def read_submission(lab, submission) -> tuple[str, str]:
+    """(path, source) of the lab's file in a submission (the file itself, or a folder holding it)."""
+    path = lab_file(lab, submission)
+    if not path.is_file():
+        raise FileNotFoundError(f"no {lab.module}.py in the submission {submission}")
+    return str(path.resolve()), path.read_text(errors="replace")
+
+
+def check_lab(lab_id: int, submission=None, fault: str | None = None, out=print, first_failure: bool = False,
+              timeout: float = DEFAULT_TIMEOUT_S, memory_mb: int = DEFAULT_MEMORY_MB,
+              source: str | None = None) -> tuple[int, int]:
     """Run every check of one lab; print one line per check and the score line last. Returns (passed, total).
 
-    first_failure: stop at the first failed check (the tests' way to show a fault bites, faster).
+    submission: a file or folder (None: our reference exercise file); source: its text, read already (`grade`
+    reads every file before grading anyone). first_failure: stop at the first failed check (the tests' way to
+    show a fault bites, faster). timeout: seconds per check; memory_mb: each grading process's memory bound.
     """
-    lab = LABS[lab_id]
+    lab, total = LABS[lab_id], len(LABS[lab_id].checks)
+
+    def score(passed: int) -> tuple[int, int]:
+        out(f"lab {lab_id}: {passed}/{total} checks passed  score {passed / total:.2f}")
+        return passed, total
+    job = {"lab": lab_id, "fault": fault, "timeout": timeout, "memory_mb": memory_mb,
+           "mode": "fault" if fault else "exercise"}
+    if submission is not None:
+        try:
+            path, text = (read_submission(lab, submission) if source is None
+                          else (str(lab_file(lab, submission)), source))
+        except (OSError, ValueError) as e:
+            out(f"FAIL  loading the submission: {type(e).__name__}: {e}")
+            return score(0)
+        job.update(mode="student", path=path, source=text)
+        if why := guard.static_refusal(job["source"], lab, path):
+            out(f"FAIL  refused: {why}")
+            return score(0)
     try:
-        functions = load_functions(lab, submission, fault)
-    except Exception as e:  # a file that does not import is a failed lab, not a crash of the grader
-        out(f"FAIL  loading the submission: {type(e).__name__}: {e}")
-        out(f"lab {lab_id}: 0/{len(lab.checks)} checks passed  score 0.00")
-        return 0, len(lab.checks)
-    engine_checks.BACKEND = lab.backend
-    llm = engine_checks.get_llm()
-    for kind in lab.scenarios:
-        reference(kind)
+        _outcome(_run(job, None), "loading the submission", memory_mb, timeout)
+    except _Failed as e:
+        out(f"FAIL  {e}")
+        return score(0)
     passed = failed = 0
-    for name, check in lab.checks:
+    for index, (name, _, judge) in enumerate(lab.checks):
         if first_failure and failed:
             break
         try:
-            with plugged(lab, functions):
-                check(functions, llm)
+            reference = _reference(lab_id, index, timeout)
+            result = _outcome(_run(job, index), f"check {name!r}", memory_mb, timeout)
+            _judge(lab, name, judge, result, reference, memory_mb)
             passed += 1
             out(f"ok    {name}")
-        except NotImplementedError as e:
-            failed += 1
-            out(f"FAIL  {name}: NotImplementedError: {e}")
-            llm = _fresh_llm(llm)
         except LabCheckFailed as e:
             failed += 1
             out(f"FAIL  {e}")
-            llm = _fresh_llm(llm)
-        except Exception as e:
+        except _Failed as e:
             failed += 1
-            where = traceback.extract_tb(e.__traceback__)[-1]
-            out(f"FAIL  check {name!r}: raised {type(e).__name__}: {e} (at {Path(where.filename).name}:"
-                f"{where.lineno})")
-            llm = _fresh_llm(llm)
-    total = len(lab.checks)
-    out(f"lab {lab_id}: {passed}/{total} checks passed  score {passed / total:.2f}")
-    return passed, total
+            out(f"FAIL  {e}")
+    return score(passed)
 
 
-def _fresh_llm(llm):
-    """A failed check may leave the engine's state broken (leaked blocks, stuck requests): start a new one."""
-    sched = engine_checks.scheduler_of(llm)
-    pool = sched.kv_cache_manager.block_pool
-    clean = (not sched.has_unfinished_requests() and not sched.requests
-             and pool.get_num_free_blocks() == pool.num_gpu_blocks - 1
-             and all(b.ref_cnt == 0 for b in pool.blocks[1:]))
-    if clean:
-        return llm
-    engine_checks.drop_llm()
-    return engine_checks.get_llm()
+def _run(job: dict, check) -> dict:
+    try:
+        return sandbox().run({**job, "check": check}, job["timeout"] + _SLACK_S)
+    except SandboxDied as e:
+        return {"status": "helper-died", "detail": str(e)}
+
+
+def _outcome(answer: dict, what: str, memory_mb: int, timeout: float) -> dict:
+    """The grading process's payload, or _Failed saying in words what happened to it."""
+    status = answer.get("status")
+    if status == "helper-died":
+        raise _Failed(f"{what}: {answer['detail']}; a submission must not signal or kill other processes")
+    if status == "timeout":
+        raise _Failed(f"{what}: did not finish within {timeout:g} s (an endless loop? the time bound is --timeout)")
+    if status == "too-large":
+        raise _Failed(f"{what}: sent back more than 32 MB")
+    try:
+        payload = json.loads(answer["payload"]) if answer.get("payload") else None
+    except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth: not a result
+        payload = None
+    if not isinstance(payload, dict):
+        how = (f"was killed by signal {answer['signal']}" if answer.get("signal") is not None
+               else f"exited with code {answer.get('exitcode')}")
+        hint = {None: " (does your file call os._exit, sys.exit or exit()?)",
+                signal.SIGXFSZ: " (it wrote a file or printed more than 16 MB)",
+                signal.SIGXCPU: f" (more CPU time than the time bound of {timeout:g} s: see --timeout)"}.get(
+                    answer.get("signal"), f" (over the memory bound of {memory_mb} MB? see --memory-mb)")
+        printed = _quote(answer.get("output", ""))
+        raise _Failed(f"{what}: the grading process {how} before sending a result{hint}{printed}")
+    if "refused" in payload:
+        raise _Failed(f"refused: {payload['refused']}")
+    if "load_error" in payload:
+        raise _Failed(f"loading the submission: {_error_text(payload['load_error'], memory_mb)}")
+    return payload
+
+
+def _judge(lab, name: str, judge, result: dict, reference: dict, memory_mb: int) -> None:
+    obs, error = result.get("obs"), result.get("error")
+    if not isinstance(obs, dict):
+        raise _Failed(f"check {name!r}: the grading process sent back no observation")
+    if error is not None:
+        try:  # what was observed before the error (a broken invariant, a step bound) is the better message
+            judge(obs, reference)
+        except LabCheckFailed:
+            raise
+        except Exception:  # noqa: BLE001 - incomplete observation: report the error itself
+            pass
+        if error.get("type") == "NotImplementedError":
+            raise _Failed(f"{name}: NotImplementedError: {error.get('message')}")
+        raise _Failed(f"check {name!r}: raised {_error_text(error, memory_mb)}")
+    try:
+        judge(obs, reference)
+    except LabCheckFailed:
+        raise
+    except Exception as e:  # noqa: BLE001 - a missing or malformed field: the observation is incomplete
+        raise _Failed(f"check {name!r}: the grading process sent back an incomplete observation "
+                      f"({type(e).__name__}: {e})") from None
+    calls = result.get("calls") or {}
+    if not any(isinstance(n, int) and n > 0 for n in calls.values()):
+        raise _Failed(f"check {name!r}: your {', '.join(lab.functions)} was never called during the check")
+
+
+def _reference(lab_id: int, index: int, timeout: float) -> dict:
+    """The engine's own observation of one check, computed once per process (nothing of a submission in it)."""
+    key = (lab_id, index)
+    if key not in _REFERENCE:
+        job = {"lab": lab_id, "fault": None, "timeout": max(timeout, DEFAULT_TIMEOUT_S),
+               "memory_mb": DEFAULT_MEMORY_MB, "mode": "engine"}
+        result = _outcome(_run(job, index), "the reference run", DEFAULT_MEMORY_MB, timeout)
+        if result.get("error") or not isinstance(result.get("obs"), dict):
+            raise RuntimeError(f"the grader's reference run of lab {lab_id}, check {index} failed: {result}")
+        if not any(result["calls"].values()):
+            raise RuntimeError(f"lab {lab_id}'s check {LABS[lab_id].checks[index][0]!r} never calls the "
+                               f"functions the student writes: the grader itself needs fixing")
+        _REFERENCE[key] = result["obs"]
+    return _REFERENCE[key]
+
+
+def _error_text(error: dict, memory_mb) -> str:
+    text = f"{error.get('type')}: {error.get('message')}"
+    if error.get("where"):
+        text += f" (at {error['where']})"
+    if error.get("type") == "MemoryError" and memory_mb is not None:
+        text += f" (over the memory bound of {memory_mb} MB: see --memory-mb)"
+    return text
+
+
+def _quote(output: str) -> str:
+    lines = [line for line in output.strip().splitlines() if line.strip()][-3:]
+    return "" if not lines else "; it printed last: " + " / ".join(repr(line[:100]) for line in lines)

@@ -1,0 +1,107 @@
+"""Inside one grading process: load the functions, plug them into the engine, observe one check, return data.
+
+Runs in a process the sandbox forked for one job, and only there: a submission's code is imported here and
+nowhere else. `run_job` never raises; it returns a plain-data payload the grader's process judges:
+    {"loaded": true}                                  (a load-only job: the file imports and is acceptable)
+    {"refused": "..."}                                (guard.py refused it)
+    {"load_error": {type, message, where}}            (the import raised)
+    {"obs": {...}, "calls": {name: n}, "error": {...} or null}   (one check's observation)
+Modes: "student" (a submission's source, guarded), "exercise" (our reference exercise file), "fault" (the
+exercise file with one named fault), "engine" (the engine's own functions: the reference observation).
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib
+import traceback
+import types
+from unittest import mock
+
+from minivllm.labs import engine_checks as ec
+from minivllm.labs import guard
+from minivllm.labs.registry import LABS
+
+
+def run_job(job: dict) -> dict:
+    lab, mode = LABS[job["lab"]], job["mode"]
+    filename = job.get("path") or "<submission>"
+    tripped: list = []
+    try:
+        if mode == "student":
+            guard.install_tripwires(lab, tripped)
+        functions = _load(lab, job, filename)
+    except BaseException as e:  # noqa: BLE001 - whatever the file raised is reported, never re-raised here
+        if isinstance(e, ImportError) and guard.REFUSED in str(e):
+            return {"refused": str(e).split(guard.REFUSED, 1)[1]}
+        return {"load_error": describe(e, filename)}
+    if mode == "student" and (why := guard.runtime_refusal(lab, functions, filename, tripped)):
+        return {"refused": why}
+    if job.get("check") is None:
+        return {"loaded": True}
+    _, observe, _ = lab.checks[job["check"]]
+    calls = dict.fromkeys(functions, 0)
+    counted = {name: _counted(name, fn, calls) for name, fn in functions.items()}
+    obs, error = {}, None
+    try:
+        ec.BACKEND = lab.backend
+        llm = ec.get_llm()
+        with plugged(lab, counted):
+            observe(counted, llm, obs)
+    except BaseException as e:  # noqa: BLE001
+        error = describe(e, filename)
+    if mode == "student" and (why := guard.runtime_refusal(lab, functions, filename, tripped)):
+        return {"refused": why}
+    return {"obs": obs, "calls": {n: calls[n] for n in lab.functions}, "error": error}
+
+
+def _load(lab, job: dict, filename: str) -> dict:
+    mode = job["mode"]
+    if mode == "engine":
+        return lab.engine_functions()
+    if mode in ("exercise", "fault"):
+        module = importlib.import_module(f"minivllm.labs.exercises.{lab.module}")
+    else:
+        module = types.ModuleType(f"submission_{lab.module}")
+        module.__file__ = filename
+        module.__dict__["__builtins__"] = guard.guarded_builtins(lab)
+        exec(compile(job["source"], filename, "exec"), module.__dict__)  # noqa: S102 - the submission, isolated
+    functions = {**lab.fixed, **{name: getattr(module, name, None) for name in lab.functions}}
+    missing = [name for name in lab.functions if functions[name] is None]
+    if missing:
+        raise AttributeError(f"the file defines no {', '.join(missing)}: keep the stub's def and write its body")
+    if mode == "fault":
+        from minivllm.labs.faults import FAULTS
+        _, name, broken, _ = FAULTS[job["fault"]]
+        functions[name] = broken
+    return functions
+
+
+def _counted(name: str, fn, calls: dict):
+    def counted(*args, **kwargs):
+        calls[name] += 1
+        return fn(*args, **kwargs)
+    return counted
+
+
+@contextlib.contextmanager
+def plugged(lab, functions: dict):
+    """Our functions replaced by the given ones for the duration; restored afterwards."""
+    with contextlib.ExitStack() as stack:
+        for name, targets in lab.targets.items():
+            for obj, attr in targets:
+                stack.enter_context(mock.patch.object(obj, attr, functions[name]))
+        yield
+
+
+def describe(e: BaseException, filename: str) -> dict:
+    """An exception as data: type, message, and where: the deepest frame in the submission's file if any."""
+    try:
+        message = str(e)[:600]
+    except BaseException:  # noqa: BLE001 - a submission's exception whose str() itself fails
+        message = "(its message could not be printed)"
+    frames = traceback.extract_tb(e.__traceback__)
+    own = [f for f in frames if f.filename == filename]
+    where = (own or frames or [None])[-1]
+    return {"type": type(e).__name__, "message": message,
+            "where": None if where is None else f"{where.filename.rsplit('/', 1)[-1]}:{where.lineno}",
+            "in_submission": bool(own)}
