@@ -8,87 +8,52 @@ parallelism, async scheduling.
 """
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import queue
-import random
 import signal
 import traceback
 
-import numpy as np
-import torch
-
-from minivllm import envs
 from minivllm.attention.selector import get_attn_backend_name
 from minivllm.config import CacheConfig, EngineConfig
-from minivllm.core.kv_cache_utils import get_request_block_hasher, max_model_len_for, resolve_sizes
+from minivllm.core.kv_cache_utils import get_kv_cache_config, get_request_block_hasher, max_model_len_for
 from minivllm.core.sched.scheduler import Scheduler
 from minivllm.engine import EngineCoreOutputs, EngineCoreOutputType, EngineCoreRequest, EngineCoreRequestType
-from minivllm.models.loader import get_model, load_config
+from minivllm.executor.abstract import Executor
+from minivllm.models.loader import load_config, model_class_for
 from minivllm.profiler import TorchProfiler
 from minivllm.request import Request, RequestStatus
-from minivllm.worker.gpu_model_runner import GPUModelRunner
 
 logger = logging.getLogger("minivllm")
-
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-def keep_freed_memory() -> None:
-    """CPU: stop glibc from returning big freed buffers to the OS after every step.
-
-    By default each allocation over 32 MiB is its own mmap, unmapped on free, so every step
-    page-faults its large activations in again (measured: the prefill MLP ran ~1.8x slower).
-    Serving everything from the heap and never trimming it makes a step reuse last step's memory.
-    """
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return  # not glibc: nothing to tune
-    libc.mallopt(-4, 0)  # M_MMAP_MAX: no mmap-backed chunks
-    libc.mallopt(-1, 2**31 - 1)  # M_TRIM_THRESHOLD: never give the heap top back
-
-
-def set_random_seed(seed: int) -> None:
-    """As vLLM's worker: seed Python's, NumPy's and torch's global generators in this process.
-
-    In-process (MINIVLLM_ENABLE_V1_MULTIPROCESSING=0) that process is the caller's, so a script's own
-    `random` calls after LLM(seed=...) repeat run to run, as vLLM's reproducibility example expects.
-    """
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
 
 
 class EngineCore:
     def __init__(self, config: EngineConfig, model_folder: str) -> None:
-        set_random_seed(config.seed)
-        if config.device == "cpu" and envs.keep_freed_memory():
-            keep_freed_memory()
         hf_config = load_config(model_folder)
-        dtype = _DTYPES[config.dtype]
-        model = get_model(model_folder, hf_config, max_model_len_for(config, hf_config), dtype, config.device)
-        # Sized once the weights are in memory: gpu_memory_utilization is a fraction of what is left.
-        self.max_model_len, self.num_gpu_blocks = resolve_sizes(config, hf_config)
+        self.max_model_len = max_model_len_for(config, hf_config)
         self.block_size = config.block_size
         self.attention_backend = get_attn_backend_name(config.attention_backend, config.device)
+        # The executor starts the workers; each loads the model, then the KV cache is sized from what is left.
+        self.model_executor = Executor.get_class(config)(config, model_folder)
+        self.num_gpu_blocks = self._initialize_kv_caches(config, hf_config)
         self.scheduler = Scheduler(config.scheduler_config(self.max_model_len),
                                    CacheConfig(config.block_size, self.num_gpu_blocks, config.enable_prefix_caching))
         # prefix caching: each Request hashes its full blocks as its tokens arrive (vLLM's request_block_hasher)
         self.request_block_hasher = get_request_block_hasher(config.block_size) \
             if config.enable_prefix_caching else None
-        self.model_executor = GPUModelRunner(
-            model, block_size=config.block_size, num_gpu_blocks=self.num_gpu_blocks,
-            max_num_reqs=config.max_num_seqs, max_model_len=self.max_model_len,
-            attention_backend=self.attention_backend,
-            device=config.device, seed=config.seed)
         self.tracer = None  # set by minivllm.tracing; observes each step, changes nothing
         self.profiler = TorchProfiler(config.profiler_config, f"EngineCore_pid{os.getpid()}") \
             if config.profiler_config else None
         logger.info("EngineCore ready: %s, %d KV blocks of %d tokens, max_model_len=%d, %s attention",
-                    type(model).__name__, self.num_gpu_blocks, config.block_size, self.max_model_len,
+                    model_class_for(hf_config).__name__, self.num_gpu_blocks, config.block_size, self.max_model_len,
                     self.attention_backend)
+
+    def _initialize_kv_caches(self, config: EngineConfig, hf_config) -> int:
+        """As vLLM's: ask every worker what memory it has left, size one pool that fits the smallest, allocate it."""
+        available_memory = min(self.model_executor.determine_available_memory())
+        kv_cache_config = get_kv_cache_config(config, hf_config, available_memory)
+        self.model_executor.initialize_from_config(kv_cache_config)
+        return kv_cache_config.num_blocks
 
     def info(self) -> dict:
         return {"max_model_len": self.max_model_len, "num_gpu_blocks": self.num_gpu_blocks,
@@ -149,7 +114,7 @@ class EngineCore:
     def enable_tracing(self) -> None:
         from minivllm.tracing.tracer import EngineTracer
         self.tracer = EngineTracer()
-        self.model_executor.trace_enabled = True
+        self.model_executor.driver_worker.model_runner.trace_enabled = True
 
 
 def run_engine_core(config: EngineConfig, model_folder: str, input_queue, output_conn, parent_pid: int) -> None:

@@ -50,17 +50,19 @@ def pack_indices(num_scheduled: np.ndarray, num_computed: np.ndarray, block_tabl
 
 
 class GPUModelRunner:
-    def __init__(self, model: torch.nn.Module, *, block_size: int, num_gpu_blocks: int, max_num_reqs: int,
-                 max_model_len: int, attention_backend: str, device: str = "cpu",
-                 seed: int = 0) -> None:
+    def __init__(self, model: torch.nn.Module, *, block_size: int, max_num_reqs: int, max_model_len: int,
+                 attention_backend: str, device: str = "cpu", seed: int = 0,
+                 num_gpu_blocks: int | None = None) -> None:
+        """`model` is loaded already (the Worker's load_model); the KV cache comes with initialize_kv_cache,
+        once EngineCore has sized it (num_gpu_blocks: allocate it now, for a runner driven by hand)."""
         self.model, self.device, self.block_size = model, torch.device(device), block_size
         self.max_model_len = max_model_len
         self.vocab_size = model.lm_head.out_features
         self.attn_layers: dict[str, Attention] = {m.layer_name: m for m in model.modules() if isinstance(m, Attention)}
-        self.kv_caches = self._allocate_kv_cache(num_gpu_blocks, next(model.parameters()).dtype)
-        impl = get_attn_impl(attention_backend)
-        for layer, kv_cache in zip(self.attn_layers.values(), self.kv_caches):
-            layer.kv_cache, layer.impl = kv_cache, impl
+        self.attn_impl = get_attn_impl(attention_backend)
+        self.kv_caches: list[torch.Tensor] = []
+        if num_gpu_blocks is not None:
+            self.initialize_kv_cache(num_gpu_blocks)
         self.input_batch = InputBatch(max_num_reqs, max_model_len, cdiv(max_model_len, block_size))
         self.sampling_state = SamplingState(self.vocab_size, self.device, seed)
         self.sampler = Sampler()
@@ -68,6 +70,12 @@ class GPUModelRunner:
         self.num_prompt_logprobs: dict[str, int] = {}
         self.in_progress_prompt_logprobs: dict[str, list] = {}
         self.trace_enabled = False
+
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        """vLLM's initialize_kv_cache: allocate every layer's cache and bind it, with the backend, to the layer."""
+        self.kv_caches = self._allocate_kv_cache(num_blocks, next(self.model.parameters()).dtype)
+        for layer, kv_cache in zip(self.attn_layers.values(), self.kv_caches):
+            layer.kv_cache, layer.impl = kv_cache, self.attn_impl
 
     def _allocate_kv_cache(self, num_blocks: int, dtype: torch.dtype) -> list[torch.Tensor]:
         layer = next(iter(self.attn_layers.values()))
