@@ -3,10 +3,11 @@
 Block hashes: a full block is named by a hash of its parent block's hash and its own token ids, so one
 hash stands for the whole prefix up to the block's end (`hash_block_tokens`, seeded by `NONE_HASH` for
 the first block). `get_request_block_hasher` gives a Request the function that hashes each block its
-tokens fill. Sizes: `resolve_sizes` turns the engine arguments and the model's config into
-(max_model_len, num_gpu_blocks), and refuses up front, naming the argument, a size the machine cannot
-hold. vLLM profiles a forward pass on the GPU to find what is left for the cache; minivllm reads the free
-memory instead (see resolve_sizes). Left out: extra hash keys (LoRA ids, multimodal hashes, cache_salt),
+tokens fill. Sizes: `get_kv_cache_config` turns the engine arguments, the model's config and the
+memory the workers report into one KVCacheConfig, and refuses, naming the argument, a size the machine
+cannot hold; `resolve_sizes` runs the same check in the caller before anything loads. vLLM profiles a
+forward pass on the GPU to find what is left for the cache; minivllm reads the free memory instead
+(`requested_kv_cache_bytes`). Left out: extra hash keys (LoRA ids, multimodal hashes, cache_salt),
 a choice of hash function, hybrid/sliding-window cache groups, per-layer specs, KV offloading.
 """
 from __future__ import annotations

@@ -1,10 +1,12 @@
 """Mirror of vllm/v1/engine/core.py: EngineCore and the busy loop that runs it in a child process.
 
 `EngineCore.step()` is the article's three stages: schedule() -> execute_model()
--> update_from_output(). `run_engine_core` starts the child's EngineCore and
-`run_busy_loop` runs it: drain the input queue, step while there is work, send
-EngineCoreOutputs down the output pipe. Left out: ZMQ sockets, data parallelism, batch queues for pipeline
-parallelism, async scheduling.
+-> update_from_output(), and nothing else. EngineCore runs the model only through its Executor
+(`model_executor`, a UniProcExecutor by default), which loads the model in its workers; EngineCore then
+sizes the KV cache by asking the executor (`_initialize_kv_caches`, as vLLM's). `run_engine_core` starts
+the child's EngineCore and `run_busy_loop` runs it: take the typed messages that arrived, step while
+there is work, send EngineCoreOutputs down the output pipe (a traced engine sends its TraceEvents first).
+Left out: ZMQ sockets, data parallelism, batch queues for pipeline parallelism, async scheduling.
 """
 from __future__ import annotations
 
@@ -18,7 +20,8 @@ from minivllm.attention.selector import get_attn_backend_name
 from minivllm.config import CacheConfig, EngineConfig
 from minivllm.core.kv_cache_utils import get_kv_cache_config, get_request_block_hasher, max_model_len_for
 from minivllm.core.sched.scheduler import Scheduler
-from minivllm.engine import EngineCoreOutputs, EngineCoreOutputType, EngineCoreRequest, EngineCoreRequestType
+from minivllm.engine import (AbortRequests, AddRequests, EngineCoreFailed, EngineCoreOutputs, EngineCoreReady,
+                             EngineCoreRequest, Shutdown, TraceEvents, UtilityCall, UtilityOutput)
 from minivllm.executor.abstract import Executor
 from minivllm.models.loader import load_config, model_class_for
 from minivllm.profiler import TorchProfiler
@@ -63,30 +66,17 @@ class EngineCore:
         self.scheduler.add_request(Request(request.request_id, request.prompt_token_ids, request.sampling_params,
                                            request.eos_token_id, request.priority, request.arrival_time,
                                            block_hasher=self.request_block_hasher))
-        if self.tracer is not None:
-            self.tracer.on_add_request(self, request)
 
     def abort_requests(self, request_ids: list[str]) -> None:
         self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
-        if self.tracer is not None:
-            self.tracer.on_abort(self, request_ids)
 
     def step(self) -> EngineCoreOutputs:
+        """The article's three stages. (Tracing watches from the scheduler's observers, not from here.)"""
         if not self.scheduler.has_unfinished_requests():
-            return EngineCoreOutputs(trace_events=self.drain_trace())
+            return EngineCoreOutputs()
         scheduler_output = self.scheduler.schedule()  # 1. spend the token and block budgets
-        if self.tracer is not None:
-            self.tracer.on_schedule(self, scheduler_output)
         model_output = self.model_executor.execute_model(scheduler_output)  # 2. forward + sample
-        outputs = self.scheduler.update_from_output(scheduler_output, model_output)  # 3. append, stop, free
-        if self.tracer is not None:
-            self.tracer.on_update(self, scheduler_output, model_output, outputs)
-        outputs.trace_events = self.drain_trace()
-        return outputs
-
-    def drain_trace(self) -> list:
-        """Trace events recorded since the last drain (they ride back with each step's outputs)."""
-        return self.tracer.drain() if self.tracer is not None else []
+        return self.scheduler.update_from_output(scheduler_output, model_output)  # 3. append, stop, free
 
     def get_num_free_blocks(self) -> int:
         return self.scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
@@ -112,9 +102,17 @@ class EngineCore:
         self.profiler.start() if is_start else self.profiler.stop()
 
     def enable_tracing(self) -> None:
+        """Attach a fresh EngineTracer (minivllm.tracing) as an observer of the scheduler; it changes nothing."""
         from minivllm.tracing.tracer import EngineTracer
-        self.tracer = EngineTracer()
-        self.model_executor.driver_worker.model_runner.trace_enabled = True
+        observers = self.scheduler.observers
+        observers[:] = [o for o in observers if not isinstance(o, EngineTracer)]
+        self.tracer = EngineTracer(self.model_executor)
+        observers.append(self.tracer)
+
+    def drain_trace(self) -> list:
+        """Trace events recorded since the last drain: the busy loop sends them as TraceEvents, ahead of a
+        step's outputs; an in-process client (or the last call of a traced run) takes them here."""
+        return self.tracer.drain() if self.tracer is not None else []
 
 
 def run_engine_core(config: EngineConfig, model_folder: str, input_queue, output_conn, parent_pid: int) -> None:
@@ -129,17 +127,17 @@ def run_engine_core(config: EngineConfig, model_folder: str, input_queue, output
     send = output_conn.send
     try:
         core = EngineCore(config, model_folder)
-        send((EngineCoreOutputType.READY, core.info()))
+        send(EngineCoreReady(core.info()))
     except BaseException as e:  # a bad model or config: tell the caller, then exit
         refused = isinstance(e, ValueError)  # bad input: the caller gets the ValueError itself
-        send((EngineCoreOutputType.ERROR, (str(e) if refused else f"{type(e).__name__}: {e}", refused)))
+        send(EngineCoreFailed(str(e) if refused else f"{type(e).__name__}: {e}", refused))
         return
     try:
         run_busy_loop(core, input_queue, send, parent_pid)
     except (BrokenPipeError, EOFError):
         return  # the caller closed its end: nobody is left to serve
     except BaseException:
-        send((EngineCoreOutputType.ERROR, (traceback.format_exc(), False)))
+        send(EngineCoreFailed(traceback.format_exc(), False))
         raise
 
 
@@ -154,29 +152,37 @@ def run_busy_loop(core: EngineCore, input_queue, send, parent_pid: int) -> None:
             if os.getppid() != parent_pid:  # the caller is gone: do not outlive it
                 return
         while message is not None:
-            kind, payload = message
-            if kind == EngineCoreRequestType.SHUTDOWN:
+            if isinstance(message, Shutdown):
                 return
-            if kind == EngineCoreRequestType.ADD:
-                for request in payload:
-                    core.add_request(request)
-            elif kind == EngineCoreRequestType.ABORT:
-                core.abort_requests(payload)
-            elif kind == EngineCoreRequestType.UTILITY:
-                send((EngineCoreOutputType.UTILITY, _call_utility(core, *payload)))
+            _handle_input(core, message, send)
             try:
                 message = input_queue.get_nowait()
             except queue.Empty:
                 message = None
         if core.scheduler.has_unfinished_requests():
             outputs = core.step()
-            if outputs.outputs or outputs.trace_events:
-                send((EngineCoreOutputType.OUTPUTS, outputs))
+            if events := core.drain_trace():  # a traced engine: what its observers saw, before the outputs
+                send(TraceEvents(events))
+            if outputs.outputs:
+                send(outputs)
 
 
-def _call_utility(core: EngineCore, call_id: int, name: str, args: tuple) -> tuple:
+def _handle_input(core: EngineCore, message, send) -> None:
+    """One message from the caller, dispatched by its type."""
+    if isinstance(message, AddRequests):
+        for request in message.requests:
+            core.add_request(request)
+    elif isinstance(message, AbortRequests):
+        core.abort_requests(message.request_ids)
+    elif isinstance(message, UtilityCall):
+        send(_call_utility(core, message))
+    else:
+        raise TypeError(f"EngineCore got a message it does not know: {type(message).__name__}")
+
+
+def _call_utility(core: EngineCore, call: UtilityCall) -> UtilityOutput:
     """Run one EngineCore method for the caller; a failure goes back as its message, the engine lives on."""
     try:
-        return call_id, None, getattr(core, name)(*args)
+        return UtilityOutput(call.call_id, result=getattr(core, call.method)(*call.args))
     except Exception as e:
-        return call_id, f"{type(e).__name__}: {e}", None
+        return UtilityOutput(call.call_id, failure_message=f"{type(e).__name__}: {e}")
