@@ -227,3 +227,27 @@ def test_kv_cache_is_sized_from_what_the_workers_report(tiny_llama_folder, monke
     monkeypatch.setattr(UniProcExecutor, "determine_available_memory", lambda self: [per_block * 40, per_block * 9])
     core = EngineCore(EngineConfig(model=str(tiny_llama_folder), max_model_len=128), str(tiny_llama_folder))
     assert core.num_gpu_blocks == 9 == core.model_executor.driver_worker.model_runner.kv_caches[0].shape[1]
+
+
+def test_tracing_reads_each_steps_batch_from_the_workers_and_leaves_the_step_alone(tiny_llm):
+    """The tracer is a scheduler observer; the packed batch comes from every worker by collective_rpc."""
+    from minivllm.tracing.cli import run_traced
+    from minivllm.tracing.tracer import EngineTracer, describe_execute
+    core = tiny_llm.llm_engine.engine_core.engine_core
+    executor, rpcs = core.model_executor, []
+    real = executor.collective_rpc
+    executor.collective_rpc = lambda method, *a, **k: (rpcs.append(method), real(method, *a, **k))[1]
+    try:
+        trace = run_traced(tiny_llm, [("Once upon a time", SamplingParams(temperature=0, max_tokens=3))])
+        attached = list(core.scheduler.observers)
+    finally:
+        del executor.collective_rpc
+        core.scheduler.observers.clear()
+        tiny_llm.llm_engine.tracer = None
+    executes = trace.of_kind("execute")
+    # each step: the step's own execute_model, then the tracer's read of what the worker packed
+    assert rpcs == ["execute_model", describe_execute] * 3 and len(executes) == 3
+    assert attached == [core.tracer] and isinstance(core.tracer, EngineTracer)
+    assert executes[0]["batch"]["positions"] == list(range(len(executes[0]["batch"]["input_ids"])))
+    assert [e["batch"]["positions"] for e in executes[1:]] == [[executes[0]["batch"]["positions"][-1] + i]
+                                                               for i in (1, 2)]
