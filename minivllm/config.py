@@ -8,6 +8,10 @@ quantization, LoRA and multimodal configs.
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
+import types
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -61,6 +65,26 @@ class CacheConfig:
 _INT, _FLOAT, _BOOL, _STR, _DICT = "an int", "a finite number", "True or False", "a string", "a dict"
 
 
+def unwrap_optional(hint) -> tuple[object, bool]:
+    """`int | None` -> (int, True), `int` -> (int, False): a field's type and whether None is allowed."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return next(t for t in typing.get_args(hint) if t is not type(None)), type(None) in typing.get_args(hint)
+    return hint, False
+
+
+@functools.lru_cache(maxsize=None)
+def _field_kinds(cls: type) -> dict[str, tuple[str, bool]]:
+    """{field: (kind, optional)} read from the dataclass's annotations: the annotation is the one statement
+    of each argument's type. A Literal's kind is its values' type (all strings here)."""
+    hints, kinds = typing.get_type_hints(cls), {}
+    for field in dataclasses.fields(cls):
+        hint, optional = unwrap_optional(hints[field.name])
+        if typing.get_origin(hint) is Literal:
+            hint = type(typing.get_args(hint)[0])
+        kinds[field.name] = ({int: _INT, float: _FLOAT, bool: _BOOL, str: _STR, dict: _DICT}[hint], optional)
+    return kinds
+
+
 def _check_type(name: str, value, kind: str, optional: bool = False) -> None:
     if value is None and optional:
         return
@@ -99,18 +123,9 @@ class EngineConfig:
     enforce_eager: bool = False  # a no-op: minivllm never captures CUDA graphs or compiles
     profiler_config: dict | None = None  # {"profiler": "torch", "torch_profiler_dir": ...}
 
-    _TYPES = {"block_size": _INT, "max_num_batched_tokens": _INT, "max_num_seqs": _INT,
-              "enable_chunked_prefill": _BOOL, "long_prefill_token_threshold": _INT, "enable_prefix_caching": _BOOL,
-              "scheduling_policy": _STR, "seed": _INT, "max_logprobs": _INT, "dtype": _STR, "device": _STR,
-              "generation_config": _STR, "tensor_parallel_size": _INT, "enforce_eager": _BOOL}
-    _OPTIONAL = {"model": _STR, "max_model_len": _INT, "num_gpu_blocks_override": _INT, "attention_backend": _STR,
-                 "kv_cache_memory_bytes": _INT, "gpu_memory_utilization": _FLOAT, "profiler_config": _DICT}
-
     def __post_init__(self) -> None:
-        for name, kind in self._TYPES.items():
-            _check_type(name, getattr(self, name), kind)
-        for name, kind in self._OPTIONAL.items():
-            _check_type(name, getattr(self, name), kind, optional=True)
+        for name, (kind, optional) in _field_kinds(type(self)).items():
+            _check_type(name, getattr(self, name), kind, optional)
         _require(self.block_size in (8, 16, 32, 64, 128),
                  f"block_size must be 8, 16, 32, 64 or 128, got {self.block_size}")
         _require(self.max_num_batched_tokens >= 1, "max_num_batched_tokens must be >= 1")

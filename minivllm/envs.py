@@ -1,85 +1,105 @@
 """Mirror of vllm/envs.py: the one place minivllm reads environment variables, each with its default.
 
-vLLM exposes every variable as a lazily evaluated module attribute (`envs.VLLM_CACHE_ROOT`); here each
-is a function named after what it gives, read at call time, so a test's `monkeypatch.setenv` takes effect
-at once. `VARIABLES` lists them all with their defaults and meaning; the README's table is tested against it.
+`ENVIRONMENT` is the one table: each variable's name, its default as the README shows it, how its
+raw value is read, and what it means (the README's table is tested against it). vLLM exposes every
+variable as a lazily evaluated module attribute (`envs.VLLM_CACHE_ROOT`); here each has a function
+named after what it gives, which reads the table at call time, so a test's `monkeypatch.setenv` takes
+effect at once. Left out: vLLM's hundreds of other variables (its distributed, compile, ZMQ, usage
+stats and plugin switches), and `VLLM_`-prefixed names: a variable here is minivllm's own or the
+toolchain's (CC, OpenMP, Triton).
 """
 from __future__ import annotations
 
 import contextlib
 import os
+from dataclasses import dataclass
 from pathlib import Path
-
-VARIABLES = {  # name: (default, meaning)
-    "MINIVLLM_CACHE_DIR": ("~/.cache/minivllm", "where converted GGUF models and the compiled CPU ops live"),
-    "MINIVLLM_ENABLE_V1_MULTIPROCESSING": ("1", "0 runs EngineCore in the caller's process instead of a child"),
-    "MINIVLLM_ATTENTION_BACKEND": ("", "cpu, torch or triton when the attention_backend argument is unset "
-                                       "(default: triton on a GPU, cpu on the CPU)"),
-    "MINIVLLM_CPU_KERNELS": ("1", "0 keeps every op on its PyTorch path instead of the compiled C library"),
-    "MINIVLLM_CPU_PACKED_LINEAR": ("1", "0 leaves Linear weights unpacked, off the compiled CPU GEMM"),
-    "MINIVLLM_KEEP_FREED_MEMORY": ("1", "0 lets glibc give freed buffers back to the OS after every step"),
-    "MINIVLLM_LOGGING_LEVEL": ("INFO", "level of the minivllm logger"),
-    "MINIVLLM_TORCH_PROFILER_DIR": ("", "a folder: turns the torch profiler on when profiler_config is unset "
-                                        "(vLLM's older VLLM_TORCH_PROFILER_DIR)"),
-    "CC": ("gcc, else cc", "the C compiler that builds csrc/cpu/ops.c"),
-    "GOMP_SPINCOUNT": ("2000 in EngineCore's child", "how long an idle OpenMP thread spins before it sleeps: "
-                       "short, so a CPU shared with other jobs does not collapse (unset if OMP_WAIT_POLICY is)"),
-    "OMP_WAIT_POLICY": ("unset", "PASSIVE: idle OpenMP threads sleep at once; ACTIVE: they spin without end"),
-    "TRITON_INTERPRET": ("1 without a GPU", "run Triton kernels through the interpreter (set before any kernel)"),
-}
+from typing import Any, Callable
 
 
-def _get(name: str) -> str | None:
-    return os.environ.get(name) or None
+def _flag(raw: str | None) -> bool:
+    return raw != "0"  # on unless set to "0"
 
 
-def _on(name: str) -> bool:
-    return os.environ.get(name, "1") != "0"
+def _text(raw: str | None) -> str | None:
+    return raw or None  # unset and empty both mean "not chosen"
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    name: str
+    default: str  # as the README shows it
+    parse: Callable[[str | None], Any]  # the raw value (None when unset) -> what the engine uses
+    meaning: str
+
+
+ENVIRONMENT = [
+    EnvVar("MINIVLLM_CACHE_DIR", "~/.cache/minivllm",
+           lambda raw: Path(raw or Path.home() / ".cache" / "minivllm").expanduser(),
+           "where converted GGUF models and the compiled CPU ops live"),
+    EnvVar("MINIVLLM_ENABLE_V1_MULTIPROCESSING", "1", _flag,
+           "0 runs EngineCore in the caller's process instead of a child"),
+    EnvVar("MINIVLLM_ATTENTION_BACKEND", "", _text,
+           "cpu, torch or triton when the attention_backend argument is unset (default: triton on a GPU, cpu on "
+           "the CPU)"),
+    EnvVar("MINIVLLM_CPU_KERNELS", "1", _flag, "0 keeps every op on its PyTorch path instead of the compiled C library"),
+    EnvVar("MINIVLLM_CPU_PACKED_LINEAR", "1", _flag, "0 leaves Linear weights unpacked, off the compiled CPU GEMM"),
+    EnvVar("MINIVLLM_KEEP_FREED_MEMORY", "1", _flag, "0 lets glibc give freed buffers back to the OS after every step"),
+    EnvVar("MINIVLLM_LOGGING_LEVEL", "INFO", lambda raw: (raw or "INFO").upper(), "level of the minivllm logger"),
+    EnvVar("MINIVLLM_TORCH_PROFILER_DIR", "", _text,
+           "a folder: turns the torch profiler on when profiler_config is unset (vLLM's older "
+           "VLLM_TORCH_PROFILER_DIR)"),
+    EnvVar("CC", "gcc, else cc", _text, "the C compiler that builds csrc/cpu/ops.c"),
+    EnvVar("GOMP_SPINCOUNT", "2000 in EngineCore's child", _text,
+           "how long an idle OpenMP thread spins before it sleeps: short, so a CPU shared with other jobs does not "
+           "collapse (unset if OMP_WAIT_POLICY is)"),
+    EnvVar("OMP_WAIT_POLICY", "unset", _text,
+           "PASSIVE: idle OpenMP threads sleep at once; ACTIVE: they spin without end"),
+    EnvVar("TRITON_INTERPRET", "1 without a GPU", _text,
+           "run Triton kernels through the interpreter (set before any kernel)"),
+]
+_BY_NAME = {var.name: var for var in ENVIRONMENT}
+
+
+def get(name: str) -> Any:
+    """The variable's value now, read through its table entry."""
+    return _BY_NAME[name].parse(os.environ.get(name))
 
 
 def cache_dir() -> Path:
-    """MINIVLLM_CACHE_DIR: where converted GGUF models and the compiled CPU ops live (default ~/.cache/minivllm)."""
-    return Path(_get("MINIVLLM_CACHE_DIR") or Path.home() / ".cache" / "minivllm").expanduser()
+    return get("MINIVLLM_CACHE_DIR")
 
 
 def c_compiler() -> str | None:
-    """CC: the C compiler that builds csrc/cpu/ops.c (default: gcc, else cc, found on PATH)."""
-    return _get("CC")
+    return get("CC")  # None: gcc, else cc, found on PATH
 
 
 def cpu_kernels() -> bool:
-    """MINIVLLM_CPU_KERNELS: "0" keeps every op on its PyTorch path instead of the compiled C library (default on)."""
-    return _on("MINIVLLM_CPU_KERNELS")
+    return get("MINIVLLM_CPU_KERNELS")
 
 
 def cpu_packed_linear() -> bool:
-    """MINIVLLM_CPU_PACKED_LINEAR: "0" leaves Linear weights unpacked, off the compiled CPU GEMM (default on)."""
-    return _on("MINIVLLM_CPU_PACKED_LINEAR")
+    return get("MINIVLLM_CPU_PACKED_LINEAR")
 
 
 def enable_v1_multiprocessing() -> bool:
-    """MINIVLLM_ENABLE_V1_MULTIPROCESSING: "0" runs EngineCore in the caller's process (default: a child)."""
-    return _on("MINIVLLM_ENABLE_V1_MULTIPROCESSING")
+    return get("MINIVLLM_ENABLE_V1_MULTIPROCESSING")
 
 
 def attention_backend() -> str | None:
-    """MINIVLLM_ATTENTION_BACKEND: the backend when the engine argument is unset (None: pick by device)."""
-    return _get("MINIVLLM_ATTENTION_BACKEND")
+    return get("MINIVLLM_ATTENTION_BACKEND")  # None: pick by device
 
 
 def keep_freed_memory() -> bool:
-    """MINIVLLM_KEEP_FREED_MEMORY: "0" lets glibc unmap big freed buffers after each step (default: keep them)."""
-    return _on("MINIVLLM_KEEP_FREED_MEMORY")
+    return get("MINIVLLM_KEEP_FREED_MEMORY")
 
 
 def logging_level() -> str:
-    """MINIVLLM_LOGGING_LEVEL: the minivllm logger's level (default INFO)."""
-    return (_get("MINIVLLM_LOGGING_LEVEL") or "INFO").upper()
+    return get("MINIVLLM_LOGGING_LEVEL")
 
 
 def torch_profiler_dir() -> str | None:
-    """MINIVLLM_TORCH_PROFILER_DIR: a folder turns the torch profiler on when profiler_config is unset."""
-    return _get("MINIVLLM_TORCH_PROFILER_DIR")
+    return get("MINIVLLM_TORCH_PROFILER_DIR")
 
 
 def use_triton_interpreter_without_gpu() -> None:

@@ -9,7 +9,7 @@ graph runtime modes, ubatching.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterator
 
 
@@ -18,8 +18,6 @@ class ForwardContext:
     no_compile_layers: dict[str, Any]  # layer_name -> Attention
     attn_metadata: Any  # one metadata object shared by every layer (a single KV-cache group)
     slot_mapping: dict[str, Any]  # layer_name -> [num_tokens] slot per token
-    # set only while tracing: the first layer records what it pulled (observes, never changes)
-    trace: dict | None = field(default=None)
 
 
 _forward_context: ForwardContext | None = None
@@ -34,13 +32,13 @@ def get_forward_context() -> ForwardContext:
 
 @contextmanager
 def set_forward_context(attn_metadata: Any, no_compile_layers: dict[str, Any],
-                        slot_mapping: Any = None, trace: dict | None = None) -> Iterator[None]:
+                        slot_mapping: Any = None) -> Iterator[None]:
     """Install the context for one forward and restore the previous one afterwards."""
     global _forward_context
     if slot_mapping is not None and not isinstance(slot_mapping, dict):
         slot_mapping = {name: slot_mapping for name in no_compile_layers}
     previous = _forward_context
-    _forward_context = ForwardContext(no_compile_layers, attn_metadata, slot_mapping or {}, trace)
+    _forward_context = ForwardContext(no_compile_layers, attn_metadata, slot_mapping or {})
     try:
         yield
     finally:

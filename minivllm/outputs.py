@@ -51,7 +51,6 @@ class ModelRunnerOutput:
     sampled_token_ids: list[list[int]]
     # per request, per token: (logprob, rank, [(token_id, logprob), ...]) when asked for
     logprobs: list[list[tuple[float, int, list[tuple[int, float]]]] | None] | None = None
-    trace: dict | None = field(default=None, repr=False)
     # req_id -> per prompt position 1.. (logprob, rank, [(token_id, logprob), ...]) of the prompt token there;
     # sent once, in the step that computes the prompt's last chunk (with its first sampled token)
     prompt_logprobs_dict: dict[str, list[tuple[float, int, list[tuple[int, float]]]]] = field(default_factory=dict)

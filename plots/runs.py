@@ -82,7 +82,8 @@ def article_packing(llm: LLM) -> dict:
     engine's own GPUModelRunner (`_update_states`, `_prepare_inputs`), with scattered block lists."""
     from minivllm.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
     from minivllm.tracing.tracer import describe_batch
-    runner, tokenizer = llm.llm_engine.engine_core.engine_core.model_executor, llm.get_tokenizer()
+    runner = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.model_runner
+    tokenizer = llm.get_tokenizer()
     A = tokenizer.encode("Once upon a time")
     B = tokenizer.encode("word " * 60)[:51]  # 50 tokens already cached; B0 = B[50] runs at position 50
     C = tokenizer.encode("item " * 40)[:31]  # C0 = C[30] at position 30

@@ -229,7 +229,7 @@ def test_bf16_engine_chunked_preempted_and_on_the_pytorch_path(prompt_ids, engin
 
 def test_bf16_kv_cache_and_weights_are_bf16(prompt_ids):
     llm = LLM(multiprocess=False, dtype="auto" if platforms.cpu_has_native_bf16() else "bfloat16")
-    runner = llm.llm_engine.engine_core.engine_core.model_executor
+    runner = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.model_runner
     assert llm.llm_engine.config.dtype == "bfloat16"
     assert runner.kv_caches[0].dtype == BF and next(runner.model.parameters()).dtype == BF
     llm.shutdown()

@@ -189,3 +189,65 @@ def test_engine_core_log_lines_carry_the_child_pid(tiny_llama_folder, tmp_path):
     assert any("compiled CPU kernels" in line for line in child), lines
     assert any("EngineCore ready" in line for line in child), lines
     assert all(line.startswith(("(EngineCore pid=", "INFO minivllm: ", "WARNING minivllm: ")) for line in lines), lines
+
+
+def test_engine_core_drives_a_uniproc_executor_whose_worker_holds_the_model_and_the_kv_cache(tiny_llm):
+    from minivllm.executor.uniproc_executor import UniProcExecutor
+    from minivllm.worker.gpu_model_runner import GPUModelRunner
+    from minivllm.worker.gpu_worker import Worker
+    core = tiny_llm.llm_engine.engine_core.engine_core
+    executor = core.model_executor
+    assert type(executor) is UniProcExecutor
+    worker = executor.driver_worker
+    assert type(worker) is Worker and type(worker.model_runner) is GPUModelRunner
+    # the pool EngineCore sized (num_gpu_blocks_override=64) is what the worker allocated, in every layer
+    assert core.num_gpu_blocks == 64 == core.scheduler.kv_cache_manager.block_pool.num_gpu_blocks
+    assert {kv.shape[1] for kv in worker.model_runner.kv_caches} == {64}
+    assert executor.collective_rpc("get_model") == [worker.model_runner.model]
+    assert executor.collective_rpc(lambda w, x: (w.rank, x), args=(7,)) == [(0, 7)]
+    executor.check_health()
+    calls = []
+    real = worker.execute_model
+    worker.execute_model = lambda so: (calls.append(so.total_num_scheduled_tokens), real(so))[1]
+    try:
+        run(tiny_llm, ["Once upon a time"], SamplingParams(temperature=0, max_tokens=3))
+    finally:
+        del worker.execute_model
+    assert len(calls) == 3 and calls[0] > 1 and calls[1:] == [1, 1]  # the prefill, then one token per decode
+
+
+def test_kv_cache_is_sized_from_what_the_workers_report(tiny_llama_folder, monkeypatch):
+    """As vLLM's _initialize_kv_caches: the smallest worker's free memory sizes the one pool every worker holds."""
+    from minivllm.config import EngineConfig
+    from minivllm.core.kv_cache_utils import kv_cache_bytes_per_block
+    from minivllm.engine.core import EngineCore
+    from minivllm.executor.uniproc_executor import UniProcExecutor
+    from minivllm.models.loader import load_config
+    per_block = kv_cache_bytes_per_block(load_config(tiny_llama_folder), 16, 4)
+    monkeypatch.setattr(UniProcExecutor, "determine_available_memory", lambda self: [per_block * 40, per_block * 9])
+    core = EngineCore(EngineConfig(model=str(tiny_llama_folder), max_model_len=128), str(tiny_llama_folder))
+    assert core.num_gpu_blocks == 9 == core.model_executor.driver_worker.model_runner.kv_caches[0].shape[1]
+
+
+def test_tracing_reads_each_steps_batch_from_the_workers_and_leaves_the_step_alone(tiny_llm):
+    """The tracer is a scheduler observer; the packed batch comes from every worker by collective_rpc."""
+    from minivllm.tracing.cli import run_traced
+    from minivllm.tracing.tracer import EngineTracer, describe_execute
+    core = tiny_llm.llm_engine.engine_core.engine_core
+    executor, rpcs = core.model_executor, []
+    real = executor.collective_rpc
+    executor.collective_rpc = lambda method, *a, **k: (rpcs.append(method), real(method, *a, **k))[1]
+    try:
+        trace = run_traced(tiny_llm, [("Once upon a time", SamplingParams(temperature=0, max_tokens=3))])
+        attached = list(core.scheduler.observers)
+    finally:
+        del executor.collective_rpc
+        core.scheduler.observers.clear()
+        tiny_llm.llm_engine.tracer = None
+    executes = trace.of_kind("execute")
+    # each step: the step's own execute_model, then the tracer's read of what the worker packed
+    assert rpcs == ["execute_model", describe_execute] * 3 and len(executes) == 3
+    assert attached == [core.tracer] and isinstance(core.tracer, EngineTracer)
+    assert executes[0]["batch"]["positions"] == list(range(len(executes[0]["batch"]["input_ids"])))
+    assert [e["batch"]["positions"] for e in executes[1:]] == [[executes[0]["batch"]["positions"][-1] + i]
+                                                               for i in (1, 2)]

@@ -4,6 +4,7 @@ A prefills 4 tokens; B and C decode at positions 50 and 30. block_size = 16.
 """
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -65,3 +66,19 @@ def test_partial_prefill_chunk_samples_nothing(runner):
     assert len(out.sampled_token_ids[0]) == 1  # the chunk that reaches the end samples
     runner.execute_model(SchedulerOutput([], CachedRequestData(), {}, 0, {"P"}))
     assert "P" not in runner.input_batch.req_id_to_row
+
+
+def test_the_articles_worked_example_sits_beside_the_index_arithmetic_and_holds():
+    """A prefills 4 tokens, B and C decode at positions 50 and 30 (block_size 16, the article's numbers)."""
+    import inspect
+
+    from minivllm.worker.gpu_model_runner import pack_indices
+    tables = np.array([[3, 0, 0, 0], [9, 4, 12, 7], [5, 11, 0, 0]])
+    got = pack_indices(np.array([4, 1, 1]), np.array([0, 50, 30]), tables, np.array([4, 51, 31]), 16)
+    qsl, req_indices, positions, slots, sampling, logits_indices = (a.tolist() for a in got)
+    assert (qsl, positions, logits_indices) == ([0, 4, 5, 6], [0, 1, 2, 3, 50, 30], [3, 4, 5])
+    assert req_indices == [0, 0, 0, 0, 1, 2] and slots == [48, 49, 50, 51, 114, 190] and sampling == [0, 1, 2]
+    for function in (pack_indices, GPUModelRunner._prepare_inputs):
+        examples = [line.strip() for line in inspect.getsource(function).splitlines() if "# E.g." in line]
+        assert any("[0, 1, 2, 3, 50, 30]" in line for line in examples), function.__name__
+        assert any("[0, 4, 5, 6]" in line for line in examples), function.__name__

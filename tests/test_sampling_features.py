@@ -260,7 +260,7 @@ def test_penalties_change_greedy_output_as_the_reference(llm, hf_model, bias, pe
 
 
 def test_the_sampler_skips_processing_when_no_request_asks(llm):
-    runner = llm.llm_engine.engine_core.engine_core.model_executor
+    runner = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.model_runner
     seen = []
     real = runner.sampler
     runner.sampler = lambda logits, md: (seen.append(md), real(logits, md))[1]

@@ -41,10 +41,6 @@ def get_attention_context(layer_name: str):
     forward_context = get_forward_context()
     attn_layer = forward_context.no_compile_layers[layer_name]
     slot_mapping = forward_context.slot_mapping.get(layer_name)
-    trace = forward_context.trace
-    if trace is not None and "layer_name" not in trace:  # record the first layer only
-        trace.update(layer_name=layer_name, attn_metadata=forward_context.attn_metadata,
-                     kv_cache_shape=list(attn_layer.kv_cache.shape), slot_mapping=slot_mapping)
     return forward_context.attn_metadata, attn_layer, attn_layer.kv_cache, slot_mapping
 
 

@@ -167,6 +167,3 @@ class BlockPool:
         for block in self.blocks:
             block.block_hash = None
         return True
-
-    def get_usage(self) -> float:
-        return 1.0 - self.get_num_free_blocks() / (self.num_gpu_blocks - 1)

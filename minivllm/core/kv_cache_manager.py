@@ -7,6 +7,8 @@ up to cover its computed tokens plus the new ones, and caches every block those
 tokens fill, or returns None (the "page fault" that triggers preemption).
 `free` hands a request's blocks back in reverse order, so that its tail blocks
 are evicted before its head (the head is what other requests share).
+`uncache_unwritten_blocks` is for the scheduler's priority preemption of a request
+it had already planned this step: the blocks cached for its withdrawn tokens hold no KV.
 Left out: sliding windows and hybrid groups (vLLM's KVCacheCoordinator),
 lookahead slots, KV connectors, KV events, cascade attention's common prefix.
 """
@@ -117,14 +119,19 @@ class KVCacheManager:
     def free(self, request: Request) -> None:
         """Give the request's blocks back, tail first; cached ones stay cached until evicted."""
         blocks = self.req_to_blocks.pop(request.request_id, [])
-        num_cached = self.num_cached_block.pop(request.request_id, 0)
-        # A priority-preemption victim already planned this step was cached at allocation for tokens that
-        # will never run: those blocks hold no KV and must leave the cache before they go back.
+        self.num_cached_block.pop(request.request_id, None)
+        self.block_pool.free_blocks(reversed(blocks))
+
+    def uncache_unwritten_blocks(self, request: Request) -> None:
+        """Take out of the prefix cache the request's blocks past its num_computed_tokens: allocate_slots cached
+        them for tokens that now will not run (the scheduler withdrew them), so they hold no KV."""
+        blocks = self.req_to_blocks.get(request.request_id, [])
+        num_cached = self.num_cached_block.get(request.request_id, 0)
         num_written = request.num_computed_tokens // self.block_size
         if num_cached > num_written:
             assert all(b.ref_cnt == 1 for b in blocks[num_written:num_cached]), blocks
             self.block_pool.evict_blocks(blocks[num_written:num_cached])
-        self.block_pool.free_blocks(reversed(blocks))
+            self.num_cached_block[request.request_id] = num_written
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached prefix; False (nothing done) while any request holds blocks, as vLLM."""

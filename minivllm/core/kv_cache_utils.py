@@ -3,10 +3,11 @@
 Block hashes: a full block is named by a hash of its parent block's hash and its own token ids, so one
 hash stands for the whole prefix up to the block's end (`hash_block_tokens`, seeded by `NONE_HASH` for
 the first block). `get_request_block_hasher` gives a Request the function that hashes each block its
-tokens fill. Sizes: `resolve_sizes` turns the engine arguments and the model's config into
-(max_model_len, num_gpu_blocks), and refuses up front, naming the argument, a size the machine cannot
-hold. vLLM profiles a forward pass on the GPU to find what is left for the cache; minivllm reads the free
-memory instead (see resolve_sizes). Left out: extra hash keys (LoRA ids, multimodal hashes, cache_salt),
+tokens fill. Sizes: `get_kv_cache_config` turns the engine arguments, the model's config and the
+memory the workers report into one KVCacheConfig, and refuses, naming the argument, a size the machine
+cannot hold; `resolve_sizes` runs the same check in the caller before anything loads. vLLM profiles a
+forward pass on the GPU to find what is left for the cache; minivllm reads the free memory instead
+(`requested_kv_cache_bytes`). Left out: extra hash keys (LoRA ids, multimodal hashes, cache_salt),
 a choice of hash function, hybrid/sliding-window cache groups, per-layer specs, KV offloading.
 """
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import math
 import struct
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, NewType, Sequence
 
 from minivllm.config import EngineConfig
@@ -108,37 +110,64 @@ def free_memory_bytes(device: str) -> int | None:
     return available_memory_bytes()
 
 
-def _kv_cache_request(config: EngineConfig, per_block: int) -> tuple[int, str]:
-    """(num_blocks, the argument that set it). Precedence as vLLM: block override, bytes, utilization."""
-    if config.num_gpu_blocks_override:
-        return config.num_gpu_blocks_override, "num_gpu_blocks_override"
-    if config.kv_cache_memory_bytes:
-        return max(2, config.kv_cache_memory_bytes // per_block), "kv_cache_memory_bytes"
+@dataclass(frozen=True)
+class KVCacheConfig:
+    """vLLM's KVCacheConfig (vllm/v1/kv_cache_interface.py), one group: how many blocks every worker allocates.
+
+    EngineCore builds it from the workers' free memory and hands the same one to every worker, so all
+    ranks hold the same block ids. Left out: per-layer KV cache groups (sliding window, mamba).
+    """
+    num_blocks: int
+    block_size: int
+
+
+def requested_kv_cache_bytes(config: EngineConfig) -> int:
+    """The bytes a worker may give its KV cache (vLLM's Worker.determine_available_memory), asked once the
+    weights are in memory: kv_cache_memory_bytes, else a gpu_memory_utilization fraction of what is free."""
+    if config.num_gpu_blocks_override or config.kv_cache_memory_bytes:
+        return config.kv_cache_memory_bytes or DEFAULT_KV_CACHE_BYTES  # the override needs no measuring
     if config.gpu_memory_utilization:
         free = free_memory_bytes(config.device)
         if free is None:
             raise ValueError("gpu_memory_utilization needs the free memory, which this OS does not report "
                              "(/proc/meminfo): set kv_cache_memory_bytes instead.")
-        return max(2, int(config.gpu_memory_utilization * free) // per_block), "gpu_memory_utilization"
-    return max(2, DEFAULT_KV_CACHE_BYTES // per_block), "kv_cache_memory_bytes"
+        return int(config.gpu_memory_utilization * free)
+    return DEFAULT_KV_CACHE_BYTES
+
+
+def _sizing_argument(config: EngineConfig) -> str:
+    """The engine argument that set the pool's size, named in errors. Precedence as vLLM."""
+    if config.num_gpu_blocks_override:
+        return "num_gpu_blocks_override"
+    return "gpu_memory_utilization" if config.gpu_memory_utilization and not config.kv_cache_memory_bytes \
+        else "kv_cache_memory_bytes"
 
 
 def resolve_sizes(config: EngineConfig, hf_config) -> tuple[int, int]:
-    """(max_model_len, num_gpu_blocks) for this model; a size the machine cannot hold is a ValueError up front.
+    """(max_model_len, num_gpu_blocks) for this model, from this process's view of the free memory.
+
+    LLMEngine calls this before the model loads, to fail fast on a size this machine cannot hold;
+    EngineCore sizes the real pool later from what its workers report (get_kv_cache_config).
+    """
+    kv_cache_config = get_kv_cache_config(config, hf_config, requested_kv_cache_bytes(config))
+    return max_model_len_for(config, hf_config), kv_cache_config.num_blocks
+
+
+def get_kv_cache_config(config: EngineConfig, hf_config, available_memory: int) -> KVCacheConfig:
+    """vLLM's get_kv_cache_configs: the pool that fits `available_memory` bytes (or num_gpu_blocks_override).
 
     Checked on the CPU against MemAvailable: the KV pool, plus the runner's per-request rows
-    (max_num_seqs x max_model_len token ids and block-table entries). LLMEngine calls this before the
-    model loads, to fail fast; EngineCore calls it again once the weights are in memory, so that
-    gpu_memory_utilization takes its fraction of what is free after them. vLLM's fraction is of the
-    whole device, weights included; on a CPU shared with the OS that total means little, so minivllm
-    sizes only the KV cache from what is left.
+    (max_num_seqs x max_model_len token ids and block-table entries). vLLM's gpu_memory_utilization
+    is a fraction of the whole device, weights included; on a CPU shared with the OS that total means
+    little, so minivllm sizes only the KV cache from what is left after the weights.
     """
     max_model_len = max_model_len_for(config, hf_config)
     per_block = kv_cache_bytes_per_block(hf_config, config.block_size, _ITEMSIZE[config.dtype])
-    num_blocks, which = _kv_cache_request(config, per_block)
+    num_blocks = config.num_gpu_blocks_override or max(2, available_memory // per_block)
+    which = _sizing_argument(config)
     available = available_memory_bytes() if config.device == "cpu" else None
     if available is None:
-        return max_model_len, num_blocks
+        return KVCacheConfig(num_blocks, config.block_size)
     gib = 2**30
     kv_bytes = num_blocks * per_block
     if kv_bytes > available:
@@ -150,4 +179,4 @@ def resolve_sizes(config: EngineConfig, hf_config) -> tuple[int, int]:
                          f"{rows / gib:.1f} GiB of per-request rows besides the {kv_bytes / gib:.1f} GiB KV cache, "
                          f"but this machine has {available / gib:.1f} GiB available: lower max_num_seqs or "
                          f"max_model_len.")
-    return max_model_len, num_blocks
+    return KVCacheConfig(num_blocks, config.block_size)

@@ -4,7 +4,7 @@ vLLM's `cleanup_dist_env_and_memory()` tears down the process groups, then frees
 engine held on the device. minivllm has no process groups; what remains is the memory: a
 dropped LLM's EngineCore child is stopped and reaped by the garbage collector's finalizer, an
 in-process EngineCore's tensors are freed, and the C heap is handed back to the OS (the engine
-turns glibc's trimming off while it runs, see engine.core.keep_freed_memory).
+turns glibc's trimming off while it runs, see worker.gpu_worker.keep_freed_memory).
 """
 from __future__ import annotations
 

@@ -1,32 +1,18 @@
 """Mirror of vllm/v1/engine/__init__.py: the messages that cross the process boundary.
 
-Every message is a pair (type, payload). Caller -> EngineCore, over the input
-queue: an EngineCoreRequestType (as vLLM's) with its payload; EngineCore ->
-caller, over the output pipe: an EngineCoreOutputType with its payload. The
-payloads are plain dataclasses and lists, so they pickle cheaply.
-Left out: msgspec, multimodal features.
+Each message is one small dataclass, and the receiver dispatches on its type (vLLM sends an
+EngineCoreRequestType tag with a msgpack payload over ZMQ; a typed message says the same with its
+fields named). Caller -> EngineCore, over the input queue: AddRequests, AbortRequests, UtilityCall,
+Shutdown. EngineCore -> caller, over the output pipe: EngineCoreReady, EngineCoreOutputs (one step's),
+UtilityOutput, EngineCoreFailed, and TraceEvents, which only a traced engine sends, ahead of the
+outputs of the step it describes. Left out: msgspec, multimodal features, data-parallel waves.
 """
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
 from typing import Any
 
 from minivllm.sampling_params import SamplingParams
-
-
-class EngineCoreRequestType(enum.Enum):
-    ADD = "ADD"  # payload: list[EngineCoreRequest], admitted together before the next step
-    ABORT = "ABORT"  # payload: list of request ids
-    UTILITY = "UTILITY"  # payload: (call_id, method name, args) of an EngineCore method
-    SHUTDOWN = "SHUTDOWN"  # payload: None
-
-
-class EngineCoreOutputType(enum.Enum):
-    READY = "READY"  # payload: EngineCore.info()
-    OUTPUTS = "OUTPUTS"  # payload: EngineCoreOutputs of one step
-    UTILITY = "UTILITY"  # payload: (call_id, error message or None, result)
-    ERROR = "ERROR"  # payload: (message, refused): refused = the child rejected bad input, a ValueError
 
 
 @dataclass
@@ -59,5 +45,50 @@ class EngineCoreOutput:
 @dataclass
 class EngineCoreOutputs:
     outputs: list[EngineCoreOutput] = field(default_factory=list)
-    # trace events recorded during the steps behind these outputs (empty unless tracing)
-    trace_events: list[dict[str, Any]] = field(default_factory=list)
+
+
+# Caller -> EngineCore
+@dataclass
+class AddRequests:
+    requests: list[EngineCoreRequest]  # admitted together, before the next step
+
+
+@dataclass
+class AbortRequests:
+    request_ids: list[str]
+
+
+@dataclass
+class UtilityCall:
+    call_id: int
+    method: str  # an EngineCore method, run between two steps
+    args: tuple = ()
+
+
+@dataclass
+class Shutdown:
+    pass
+
+
+# EngineCore -> caller (and EngineCoreOutputs above)
+@dataclass
+class EngineCoreReady:
+    info: dict[str, Any]  # EngineCore.info(): sizes, attention backend, pid
+
+
+@dataclass
+class UtilityOutput:
+    call_id: int
+    failure_message: str | None = None  # the method raised: the engine lives on, the caller gets this
+    result: Any = None
+
+
+@dataclass
+class EngineCoreFailed:
+    message: str
+    refused: bool  # True: EngineCore rejected bad input (the caller raises ValueError), False: it crashed
+
+
+@dataclass
+class TraceEvents:
+    events: list[dict[str, Any]]  # what a tracing observer recorded, sent before the step's outputs

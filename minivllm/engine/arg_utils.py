@@ -5,17 +5,18 @@ EngineArgs has exactly EngineConfig's fields (it is one, with the command line a
 `EngineArgs.from_cli_args(args)` builds it back from the parsed namespace, so vLLM's example scripts
 (`LLMEngine.from_engine_args(EngineArgs.from_cli_args(args))`, `LLM(**vars(args))`) run unchanged.
 Booleans are `--flag/--no-flag`, dicts are JSON (`--profiler-config '{"profiler": "torch", ...}'`).
+Left out: AsyncEngineArgs, argument groups per config class, and the hundreds of vLLM flags minivllm
+has no field for (quantization, LoRA, speculative decoding, parallelism beyond tensor_parallel_size).
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import json
-import types
 import typing
 from dataclasses import dataclass
 
-from minivllm.config import EngineConfig
+from minivllm.config import EngineConfig, unwrap_optional
 
 HELP = {
     "model": "model folder in HF format, a .gguf file, or a hub id already in the local HF cache; "
@@ -67,9 +68,7 @@ class EngineArgs(EngineConfig):
         hints = typing.get_type_hints(EngineConfig)
         for field in dataclasses.fields(EngineConfig):
             flag = "--" + field.name.replace("_", "-")
-            kind = hints[field.name]
-            if typing.get_origin(kind) in (typing.Union, types.UnionType):  # `int | None`: the flag parses the int
-                kind = next(t for t in typing.get_args(kind) if t is not type(None))
+            kind, _ = unwrap_optional(hints[field.name])  # `int | None`: the flag parses the int
             if kind is bool:
                 how = {"action": argparse.BooleanOptionalAction}  # --flag / --no-flag
             elif typing.get_origin(kind) is typing.Literal:

@@ -205,7 +205,7 @@ class AsyncLLM(LLMEngine):
         """Record every step from here on (minivllm.tracing); returns the Trace being filled."""
         from minivllm.tracing.tracer import Trace
         await self.engine_core.call_utility_async("enable_tracing")
-        self.tracer = Trace(self.info)
+        self.tracer = Trace(self.info, source=self.engine_core.take_trace_events)
         return self.tracer
 
     def shutdown(self) -> None:

@@ -1,94 +1,62 @@
 """Mirror of vllm/v1/engine/core.py: EngineCore and the busy loop that runs it in a child process.
 
 `EngineCore.step()` is the article's three stages: schedule() -> execute_model()
--> update_from_output(). `run_engine_core` starts the child's EngineCore and
-`run_busy_loop` runs it: drain the input queue, step while there is work, send
-EngineCoreOutputs down the output pipe. Left out: ZMQ sockets, data parallelism, batch queues for pipeline
-parallelism, async scheduling.
+-> update_from_output(), and nothing else. EngineCore runs the model only through its Executor
+(`model_executor`, a UniProcExecutor by default), which loads the model in its workers; EngineCore then
+sizes the KV cache by asking the executor (`_initialize_kv_caches`, as vLLM's). `run_engine_core` starts
+the child's EngineCore and `run_busy_loop` runs it: take the typed messages that arrived, step while
+there is work, send EngineCoreOutputs down the output pipe (a traced engine sends its TraceEvents first).
+Left out: ZMQ sockets, data parallelism, batch queues for pipeline parallelism, async scheduling.
 """
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import queue
-import random
 import signal
 import traceback
 
-import numpy as np
-import torch
-
-from minivllm import envs
 from minivllm.attention.selector import get_attn_backend_name
 from minivllm.config import CacheConfig, EngineConfig
-from minivllm.core.kv_cache_utils import get_request_block_hasher, max_model_len_for, resolve_sizes
+from minivllm.core.kv_cache_utils import get_kv_cache_config, get_request_block_hasher, max_model_len_for
 from minivllm.core.sched.scheduler import Scheduler
-from minivllm.engine import EngineCoreOutputs, EngineCoreOutputType, EngineCoreRequest, EngineCoreRequestType
-from minivllm.models.loader import get_model, load_config
+from minivllm.engine import (AbortRequests, AddRequests, EngineCoreFailed, EngineCoreOutputs, EngineCoreReady,
+                             EngineCoreRequest, Shutdown, TraceEvents, UtilityCall, UtilityOutput)
+from minivllm.executor.abstract import Executor
+from minivllm.models.loader import load_config, model_class_for
 from minivllm.profiler import TorchProfiler
 from minivllm.request import Request, RequestStatus
-from minivllm.worker.gpu_model_runner import GPUModelRunner
 
 logger = logging.getLogger("minivllm")
-
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-def keep_freed_memory() -> None:
-    """CPU: stop glibc from returning big freed buffers to the OS after every step.
-
-    By default each allocation over 32 MiB is its own mmap, unmapped on free, so every step
-    page-faults its large activations in again (measured: the prefill MLP ran ~1.8x slower).
-    Serving everything from the heap and never trimming it makes a step reuse last step's memory.
-    """
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return  # not glibc: nothing to tune
-    libc.mallopt(-4, 0)  # M_MMAP_MAX: no mmap-backed chunks
-    libc.mallopt(-1, 2**31 - 1)  # M_TRIM_THRESHOLD: never give the heap top back
-
-
-def set_random_seed(seed: int) -> None:
-    """As vLLM's worker: seed Python's, NumPy's and torch's global generators in this process.
-
-    In-process (MINIVLLM_ENABLE_V1_MULTIPROCESSING=0) that process is the caller's, so a script's own
-    `random` calls after LLM(seed=...) repeat run to run, as vLLM's reproducibility example expects.
-    """
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
 
 
 class EngineCore:
     def __init__(self, config: EngineConfig, model_folder: str) -> None:
-        set_random_seed(config.seed)
-        if config.device == "cpu" and envs.keep_freed_memory():
-            keep_freed_memory()
         hf_config = load_config(model_folder)
-        dtype = _DTYPES[config.dtype]
-        model = get_model(model_folder, hf_config, max_model_len_for(config, hf_config), dtype, config.device)
-        # Sized once the weights are in memory: gpu_memory_utilization is a fraction of what is left.
-        self.max_model_len, self.num_gpu_blocks = resolve_sizes(config, hf_config)
+        self.max_model_len = max_model_len_for(config, hf_config)
         self.block_size = config.block_size
         self.attention_backend = get_attn_backend_name(config.attention_backend, config.device)
+        # The executor starts the workers; each loads the model, then the KV cache is sized from what is left.
+        self.model_executor = Executor.get_class(config)(config, model_folder)
+        self.num_gpu_blocks = self._initialize_kv_caches(config, hf_config)
         self.scheduler = Scheduler(config.scheduler_config(self.max_model_len),
                                    CacheConfig(config.block_size, self.num_gpu_blocks, config.enable_prefix_caching))
         # prefix caching: each Request hashes its full blocks as its tokens arrive (vLLM's request_block_hasher)
         self.request_block_hasher = get_request_block_hasher(config.block_size) \
             if config.enable_prefix_caching else None
-        self.model_executor = GPUModelRunner(
-            model, block_size=config.block_size, num_gpu_blocks=self.num_gpu_blocks,
-            max_num_reqs=config.max_num_seqs, max_model_len=self.max_model_len,
-            attention_backend=self.attention_backend,
-            device=config.device, seed=config.seed)
         self.tracer = None  # set by minivllm.tracing; observes each step, changes nothing
         self.profiler = TorchProfiler(config.profiler_config, f"EngineCore_pid{os.getpid()}") \
             if config.profiler_config else None
         logger.info("EngineCore ready: %s, %d KV blocks of %d tokens, max_model_len=%d, %s attention",
-                    type(model).__name__, self.num_gpu_blocks, config.block_size, self.max_model_len,
+                    model_class_for(hf_config).__name__, self.num_gpu_blocks, config.block_size, self.max_model_len,
                     self.attention_backend)
+
+    def _initialize_kv_caches(self, config: EngineConfig, hf_config) -> int:
+        """As vLLM's: ask every worker what memory it has left, size one pool that fits the smallest, allocate it."""
+        available_memory = min(self.model_executor.determine_available_memory())
+        kv_cache_config = get_kv_cache_config(config, hf_config, available_memory)
+        self.model_executor.initialize_from_config(kv_cache_config)
+        return kv_cache_config.num_blocks
 
     def info(self) -> dict:
         return {"max_model_len": self.max_model_len, "num_gpu_blocks": self.num_gpu_blocks,
@@ -98,30 +66,17 @@ class EngineCore:
         self.scheduler.add_request(Request(request.request_id, request.prompt_token_ids, request.sampling_params,
                                            request.eos_token_id, request.priority, request.arrival_time,
                                            block_hasher=self.request_block_hasher))
-        if self.tracer is not None:
-            self.tracer.on_add_request(self, request)
 
     def abort_requests(self, request_ids: list[str]) -> None:
         self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
-        if self.tracer is not None:
-            self.tracer.on_abort(self, request_ids)
 
     def step(self) -> EngineCoreOutputs:
+        """The article's three stages. (Tracing watches from the scheduler's observers, not from here.)"""
         if not self.scheduler.has_unfinished_requests():
-            return EngineCoreOutputs(trace_events=self.drain_trace())
+            return EngineCoreOutputs()
         scheduler_output = self.scheduler.schedule()  # 1. spend the token and block budgets
-        if self.tracer is not None:
-            self.tracer.on_schedule(self, scheduler_output)
         model_output = self.model_executor.execute_model(scheduler_output)  # 2. forward + sample
-        outputs = self.scheduler.update_from_output(scheduler_output, model_output)  # 3. append, stop, free
-        if self.tracer is not None:
-            self.tracer.on_update(self, scheduler_output, model_output, outputs)
-        outputs.trace_events = self.drain_trace()
-        return outputs
-
-    def drain_trace(self) -> list:
-        """Trace events recorded since the last drain (they ride back with each step's outputs)."""
-        return self.tracer.drain() if self.tracer is not None else []
+        return self.scheduler.update_from_output(scheduler_output, model_output)  # 3. append, stop, free
 
     def get_num_free_blocks(self) -> int:
         return self.scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
@@ -147,9 +102,17 @@ class EngineCore:
         self.profiler.start() if is_start else self.profiler.stop()
 
     def enable_tracing(self) -> None:
+        """Attach a fresh EngineTracer (minivllm.tracing) as an observer of the scheduler; it changes nothing."""
         from minivllm.tracing.tracer import EngineTracer
-        self.tracer = EngineTracer()
-        self.model_executor.trace_enabled = True
+        observers = self.scheduler.observers
+        observers[:] = [o for o in observers if not isinstance(o, EngineTracer)]
+        self.tracer = EngineTracer(self.model_executor)
+        observers.append(self.tracer)
+
+    def drain_trace(self) -> list:
+        """Trace events recorded since the last drain: the busy loop sends them as TraceEvents, ahead of a
+        step's outputs; an in-process client (or the last call of a traced run) takes them here."""
+        return self.tracer.drain() if self.tracer is not None else []
 
 
 def run_engine_core(config: EngineConfig, model_folder: str, input_queue, output_conn, parent_pid: int) -> None:
@@ -164,17 +127,17 @@ def run_engine_core(config: EngineConfig, model_folder: str, input_queue, output
     send = output_conn.send
     try:
         core = EngineCore(config, model_folder)
-        send((EngineCoreOutputType.READY, core.info()))
+        send(EngineCoreReady(core.info()))
     except BaseException as e:  # a bad model or config: tell the caller, then exit
         refused = isinstance(e, ValueError)  # bad input: the caller gets the ValueError itself
-        send((EngineCoreOutputType.ERROR, (str(e) if refused else f"{type(e).__name__}: {e}", refused)))
+        send(EngineCoreFailed(str(e) if refused else f"{type(e).__name__}: {e}", refused))
         return
     try:
         run_busy_loop(core, input_queue, send, parent_pid)
     except (BrokenPipeError, EOFError):
         return  # the caller closed its end: nobody is left to serve
     except BaseException:
-        send((EngineCoreOutputType.ERROR, (traceback.format_exc(), False)))
+        send(EngineCoreFailed(traceback.format_exc(), False))
         raise
 
 
@@ -189,29 +152,37 @@ def run_busy_loop(core: EngineCore, input_queue, send, parent_pid: int) -> None:
             if os.getppid() != parent_pid:  # the caller is gone: do not outlive it
                 return
         while message is not None:
-            kind, payload = message
-            if kind == EngineCoreRequestType.SHUTDOWN:
+            if isinstance(message, Shutdown):
                 return
-            if kind == EngineCoreRequestType.ADD:
-                for request in payload:
-                    core.add_request(request)
-            elif kind == EngineCoreRequestType.ABORT:
-                core.abort_requests(payload)
-            elif kind == EngineCoreRequestType.UTILITY:
-                send((EngineCoreOutputType.UTILITY, _call_utility(core, *payload)))
+            _handle_input(core, message, send)
             try:
                 message = input_queue.get_nowait()
             except queue.Empty:
                 message = None
         if core.scheduler.has_unfinished_requests():
             outputs = core.step()
-            if outputs.outputs or outputs.trace_events:
-                send((EngineCoreOutputType.OUTPUTS, outputs))
+            if events := core.drain_trace():  # a traced engine: what its observers saw, before the outputs
+                send(TraceEvents(events))
+            if outputs.outputs:
+                send(outputs)
 
 
-def _call_utility(core: EngineCore, call_id: int, name: str, args: tuple) -> tuple:
+def _handle_input(core: EngineCore, message, send) -> None:
+    """One message from the caller, dispatched by its type."""
+    if isinstance(message, AddRequests):
+        for request in message.requests:
+            core.add_request(request)
+    elif isinstance(message, AbortRequests):
+        core.abort_requests(message.request_ids)
+    elif isinstance(message, UtilityCall):
+        send(_call_utility(core, message))
+    else:
+        raise TypeError(f"EngineCore got a message it does not know: {type(message).__name__}")
+
+
+def _call_utility(core: EngineCore, call: UtilityCall) -> UtilityOutput:
     """Run one EngineCore method for the caller; a failure goes back as its message, the engine lives on."""
     try:
-        return call_id, None, getattr(core, name)(*args)
+        return UtilityOutput(call.call_id, result=getattr(core, call.method)(*call.args))
     except Exception as e:
-        return call_id, f"{type(e).__name__}: {e}", None
+        return UtilityOutput(call.call_id, failure_message=f"{type(e).__name__}: {e}")

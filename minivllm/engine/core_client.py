@@ -7,7 +7,10 @@ only consumes. A dead child is reported within a second, never waited on
 forever (even mid-message), a Ctrl-C in the terminal reaches only the caller,
 and no child outlives its client. AsyncMPClient (the server's) is SyncMPClient read by one
 thread that hands each message to the event loop, so asyncio code awaits outputs and utility
-results while EngineCore steps. Left out: ZMQ, msgpack, data-parallel clients.
+results while EngineCore steps. Every message is a typed dataclass (minivllm/engine/__init__.py),
+dispatched by its type. TraceEvents, which only a traced engine sends, are kept apart from the
+outputs, in arrival order, until the caller's Trace takes them (`take_trace_events`).
+Left out: ZMQ, msgpack, data-parallel clients.
 """
 from __future__ import annotations
 
@@ -22,7 +25,8 @@ import weakref
 
 from minivllm import envs
 from minivllm.config import EngineConfig
-from minivllm.engine import EngineCoreOutputs, EngineCoreOutputType, EngineCoreRequest, EngineCoreRequestType
+from minivllm.engine import (AbortRequests, AddRequests, EngineCoreFailed, EngineCoreOutputs, EngineCoreRequest,
+                             TraceEvents, UtilityCall, UtilityOutput)
 from minivllm.engine.core import EngineCore, run_engine_core
 from minivllm.engine.utils import child_setup, stop_process
 
@@ -62,6 +66,10 @@ class InprocClient:
     def call_utility(self, name: str, *args):
         return getattr(self._core(), name)(*args)
 
+    def take_trace_events(self) -> list:
+        """What a traced EngineCore recorded since the last take (in-process: straight from its tracer)."""
+        return self._core().drain_trace()
+
     def shutdown(self) -> None:
         self._shut_down = True
 
@@ -87,11 +95,12 @@ class SyncMPClient:
             self.process.start()
         writer.close()
         self._finalizer = weakref.finalize(self, stop_process, self.process, self.input_queue)
-        self._pending: collections.deque = collections.deque()  # outputs that arrived during a utility call
+        self._pending: collections.deque = collections.deque()  # messages that arrived during a utility call
+        self.trace_events: list = []  # from TraceEvents messages, up to the last output get_output returned
         self._call_ids = itertools.count()
         self._dead: str | None = None  # why this client can no longer be used
         try:
-            _, self.info = self._receive()  # (READY, info)
+            self.info = self._receive().info  # EngineCoreReady
         except BaseException:
             self.shutdown()
             raise
@@ -102,8 +111,8 @@ class SyncMPClient:
                       f"{self.process.exitcode}; its log lines above say why. {self.WHAT_NOW}")
         return EngineDeadError(self._dead)
 
-    def _receive(self) -> tuple[EngineCoreOutputType, object]:
-        """The next (type, payload) from EngineCore; an ERROR message or a dead child raises here."""
+    def _receive(self):
+        """The next message from EngineCore; EngineCoreFailed or a dead child raises here."""
         if self._dead:
             raise EngineDeadError(self._dead)
         while True:
@@ -112,52 +121,56 @@ class SyncMPClient:
                     if not self.process.is_alive():
                         raise self._died()
                     continue
-                kind, payload = self.output_conn.recv()
+                message = self.output_conn.recv()
             except (EOFError, OSError):
                 raise self._died() from None
-            if kind == EngineCoreOutputType.ERROR:
-                message, refused = payload  # refused: the child rejected bad input rather than failed
-                if refused:
-                    raise ValueError(message)
-                self._dead = f"EngineCore failed:\n{message}"
+            if isinstance(message, EngineCoreFailed):
+                if message.refused:  # the child rejected bad input rather than failed
+                    raise ValueError(message.message)
+                self._dead = f"EngineCore failed:\n{message.message}"
                 raise EngineDeadError(self._dead)
-            return kind, payload
+            return message
 
-    def _send(self, kind: EngineCoreRequestType, payload) -> None:
+    def _send(self, message) -> None:
         if self._dead:
             raise EngineDeadError(self._dead)
         if not self.process.is_alive():
             raise self._died()
-        self.input_queue.put((kind, payload))
+        self.input_queue.put(message)
 
     def add_requests(self, requests: list[EngineCoreRequest]) -> None:
         # one message: EngineCore admits the whole batch before its next step
-        self._send(EngineCoreRequestType.ADD, list(requests))
+        self._send(AddRequests(list(requests)))
 
     def abort_requests(self, request_ids: list[str]) -> None:
         if request_ids:
-            self._send(EngineCoreRequestType.ABORT, list(request_ids))
+            self._send(AbortRequests(list(request_ids)))
 
     def get_output(self) -> EngineCoreOutputs:
-        if self._pending:
-            return self._pending.popleft()
         while True:
-            kind, payload = self._receive()
-            if kind == EngineCoreOutputType.OUTPUTS:
-                return payload
+            message = self._pending.popleft() if self._pending else self._receive()
+            if isinstance(message, TraceEvents):  # kept in arrival order, for the caller's Trace
+                self.trace_events.extend(message.events)
+            elif isinstance(message, EngineCoreOutputs):
+                return message
+
+    def take_trace_events(self) -> list:
+        """TraceEvents received up to the last output get_output() returned (tracing's own channel)."""
+        events, self.trace_events = self.trace_events, []
+        return events
 
     def call_utility(self, name: str, *args):
         call_id = next(self._call_ids)
-        self._send(EngineCoreRequestType.UTILITY, (call_id, name, args))
+        self._send(UtilityCall(call_id, name, args))
         while True:
-            kind, payload = self._receive()
-            if kind == EngineCoreOutputType.UTILITY and payload[0] == call_id:
-                _, error, result = payload
-                if error is not None:
-                    raise RuntimeError(f"EngineCore.{name} failed (the engine is still running): {error}")
-                return result
-            if kind == EngineCoreOutputType.OUTPUTS:
-                self._pending.append(payload)
+            message = self._receive()
+            if isinstance(message, UtilityOutput) and message.call_id == call_id:
+                if message.failure_message is not None:
+                    raise RuntimeError(f"EngineCore.{name} failed (the engine is still running): "
+                                       f"{message.failure_message}")
+                return message.result
+            if isinstance(message, (EngineCoreOutputs, TraceEvents)):
+                self._pending.append(message)  # get_output takes them later, in order
 
     def shutdown(self) -> None:
         self._dead = self._dead or SHUT_DOWN
@@ -183,21 +196,24 @@ class AsyncMPClient(SyncMPClient):
     def _read_outputs(self) -> None:
         while True:
             try:
-                kind, payload = self._receive()
-            except Exception as e:  # EngineDeadError, or the child's ERROR: either way it is gone
+                message = self._receive()
+            except Exception as e:  # EngineDeadError, or the child's EngineCoreFailed: either way it is gone
                 self._dead = self._dead or str(e)
                 self._post(self._fail_all, e if isinstance(e, EngineDeadError) else EngineDeadError(str(e)))
                 return
-            self._post(self._outputs.put_nowait if kind == EngineCoreOutputType.OUTPUTS else self._resolve, payload)
+            self._post(self._resolve if isinstance(message, UtilityOutput) else self._outputs.put_nowait, message)
 
     def _post(self, fn, arg) -> None:
         with contextlib.suppress(RuntimeError):  # the loop is closed: the server is gone
             self._loop.call_soon_threadsafe(fn, arg)
 
-    def _resolve(self, payload: tuple) -> None:  # a UTILITY reply: (call_id, error, result)
-        future = self._utility_futures.pop(payload[0], None)
+    def _resolve(self, reply: UtilityOutput) -> None:
+        future = self._utility_futures.pop(reply.call_id, None)
         if future is not None and not future.done():
-            future.set_exception(RuntimeError(payload[1])) if payload[1] is not None else future.set_result(payload[2])
+            if reply.failure_message is not None:
+                future.set_exception(RuntimeError(reply.failure_message))
+            else:
+                future.set_result(reply.result)
 
     def _fail_all(self, error: EngineDeadError) -> None:
         self._outputs.put_nowait(error)
@@ -208,17 +224,21 @@ class AsyncMPClient(SyncMPClient):
 
     async def get_output_async(self) -> EngineCoreOutputs:
         self._start_reader()
-        item = await self._outputs.get()
-        if isinstance(item, BaseException):
-            self._outputs.put_nowait(item)  # every later call sees it too
-            raise item
-        return item
+        while True:
+            item = await self._outputs.get()
+            if isinstance(item, BaseException):
+                self._outputs.put_nowait(item)  # every later call sees it too
+                raise item
+            if isinstance(item, TraceEvents):
+                self.trace_events.extend(item.events)
+            else:
+                return item
 
     async def call_utility_async(self, name: str, *args):
         self._start_reader()
         call_id, future = next(self._call_ids), self._loop.create_future()
         self._utility_futures[call_id] = future
-        self._send(EngineCoreRequestType.UTILITY, (call_id, name, args))
+        self._send(UtilityCall(call_id, name, args))
         return await future
 
     def call_utility(self, name: str, *args):

@@ -17,7 +17,7 @@ import torch
 
 from minivllm.config import EngineConfig, default_sampling_overrides
 from minivllm.core.kv_cache_utils import resolve_sizes
-from minivllm.core.sched.scheduler import check_request_fits
+from minivllm.core.sched.utils import check_request_fits
 from minivllm.engine import EngineCoreRequest
 from minivllm.engine.core_client import make_client
 from minivllm.engine.output_processor import OutputProcessor
@@ -201,12 +201,14 @@ class LLMEngine:
         """Record every step from here on (see minivllm.tracing); returns the Trace being filled."""
         from minivllm.tracing.tracer import Trace
         self.engine_core.call_utility("enable_tracing")
-        self.tracer = Trace(self.info)
+        self.engine_core.take_trace_events()  # nothing from an earlier trace leaks into this one
+        self.tracer = Trace(self.info, source=self.engine_core.take_trace_events)
         return self.tracer
 
     def collect_trace(self):
         """Pull events EngineCore recorded after its last output (late aborts) into the trace."""
         if self.tracer is not None:
+            self.tracer.extend(self.engine_core.take_trace_events())
             self.tracer.extend(self.engine_core.call_utility("drain_trace"))
         return self.tracer
 

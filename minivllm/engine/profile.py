@@ -28,7 +28,8 @@ def profile_engine(llm, prompts, max_tokens) -> dict[str, float]:
     if not hasattr(client, "engine_core"):
         raise ValueError("profile_engine needs an in-process engine: LLM(..., multiprocess=False)")
     core = client.engine_core
-    runner, scheduler, model = core.model_executor, core.scheduler, core.model_executor.model
+    runner, scheduler = core.model_executor.driver_worker.model_runner, core.scheduler
+    model = runner.model
     totals: dict[str, float] = defaultdict(float)
     patches = [(scheduler, "schedule", "schedule"), (runner, "_update_states", "prepare inputs"),
                (runner, "_prepare_inputs", "prepare inputs"), (model, "forward", "forward"),

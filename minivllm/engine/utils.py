@@ -11,13 +11,13 @@ import signal
 import sys
 import threading
 
-from minivllm.engine import EngineCoreRequestType
+from minivllm.engine import Shutdown
 
 
 def stop_process(process, input_queue) -> None:
     if process.is_alive():
         try:
-            input_queue.put((EngineCoreRequestType.SHUTDOWN, None))
+            input_queue.put(Shutdown())
         except (OSError, ValueError):
             pass
         process.join(timeout=3)

@@ -169,11 +169,15 @@ def iterate_weights(folder: Path):
         yield from torch.load(file, map_location="cpu", weights_only=True).items()
 
 
-def get_model(folder: Path, config, max_model_len: int, dtype: torch.dtype, device: str) -> torch.nn.Module:
+def model_class_for(config) -> type[torch.nn.Module]:
+    """The model class for a HF config (vLLM's ModelRegistry, for the two architectures minivllm runs)."""
     from minivllm.models.llama import LlamaForCausalLM
     from minivllm.models.opt import OPTForCausalLM
-    cls = {"llama": LlamaForCausalLM, "opt": OPTForCausalLM}[config.model_type]
-    model = cls(config, max_model_len)
+    return {"llama": LlamaForCausalLM, "opt": OPTForCausalLM}[config.model_type]
+
+
+def get_model(folder: Path, config, max_model_len: int, dtype: torch.dtype, device: str) -> torch.nn.Module:
+    model = model_class_for(config)(config, max_model_len)
     model.load_weights(iterate_weights(Path(folder)))
     model = model.to(device=device, dtype=dtype).eval()
     if device == "cpu" and dtype in (torch.float32, torch.bfloat16):

@@ -125,12 +125,8 @@ def apply_logits_processors(logits: torch.Tensor, md: SamplingMetadata) -> torch
     return logits
 
 
-def apply_min_tokens(logits: torch.Tensor, masks: list[tuple[int, list[int]]]) -> torch.Tensor:
-    """A copy of logits with each listed row's stop ids at -inf (vLLM's MinTokensLogitsProcessor)."""
-    return apply_min_tokens_(logits.clone(), masks)
-
-
 def apply_min_tokens_(logits: torch.Tensor, masks: list[tuple[int, list[int]]]) -> torch.Tensor:
+    """Each listed row's stop ids at -inf, in place (vLLM's MinTokensLogitsProcessor)."""
     rows = torch.tensor([row for row, ids in masks for _ in ids], dtype=torch.int64, device=logits.device)
     cols = torch.tensor([t for _, ids in masks for t in ids], dtype=torch.int64, device=logits.device)
     logits[rows, cols] = float("-inf")

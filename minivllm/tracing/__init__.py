@@ -1,6 +1,7 @@
 """Tracing: watch one request travel the article's path, from the engine's real state.
 
-`tracer.py` records (EngineTracer inside EngineCore, Trace in the caller);
+`tracer.py` records (EngineTracer, a Scheduler observer inside EngineCore, plus
+`describe_execute`, run in each worker; Trace in the caller);
 `render.py` prints; `cli.py` is `python -m minivllm trace`. Tracing observes
 and never changes what the engine does: the same tokens come out with it on or off.
 """

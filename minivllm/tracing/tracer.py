@@ -1,17 +1,23 @@
 """Record what each stage of the engine saw, as plain JSON-ready events.
 
-EngineTracer lives inside EngineCore (the child process by default): it writes
-one "schedule", "execute" and "update" event per step, which ride back to the
-caller inside EngineCoreOutputs.trace_events, so they cross the IPC queue like
-any output. Trace lives in the caller: it adds "submit" and "outputs" events
-and holds the whole sequence. Nothing here feeds back into the engine.
+EngineTracer lives inside EngineCore (the child process by default) as an observer of the
+Scheduler: right after schedule() it records the SchedulerOutput and the queues, right after
+update_from_output the outputs and what was freed, and in between the step's packed batch, which
+it reads after the fact from every worker (`collective_rpc(describe_execute)`: each rank answers
+from its runner's `last_batch`; rank 0's answer is the one printed). Its events reach the caller
+on tracing's own channel, TraceEvents messages sent ahead of the step's outputs (in-process: taken
+straight from the tracer), never inside EngineCoreOutputs. Trace lives in the caller: it adds
+"submit" and "outputs" events and holds the whole sequence. Nothing here feeds back into the engine.
 """
 from __future__ import annotations
 
 import json
 import os
+import weakref
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
+
+from minivllm.request import RequestStatus
 
 
 def _ids(values) -> list:
@@ -51,8 +57,26 @@ def describe_batch(batch) -> dict[str, Any]:
             "logits_indices": batch.logits_indices.tolist()}
 
 
+def describe_execute(worker) -> dict[str, Any] | None:
+    """Run in a worker (by collective_rpc) after a step: its runner's last packed batch and the attention
+    metadata every layer pulled that step, as plain data; None when the step ran no tokens."""
+    runner = worker.model_runner
+    batch, md = runner.last_batch, runner.last_attn_metadata
+    if batch is None:
+        return None
+    layer_name, layer = next(iter(runner.attn_layers.items()))  # the first layer, as it pulled its context
+    return {"batch": describe_batch(batch),
+            "attention": {"layer_name": layer_name, "kv_cache_shape": list(layer.kv_cache.shape),
+                          "num_actual_tokens": md.num_actual_tokens, "max_query_len": md.max_query_len,
+                          "max_seq_len": md.max_seq_len, "block_table_shape": list(md.block_table.shape),
+                          "slot_mapping_len": int(md.slot_mapping.numel())}}
+
+
 class EngineTracer:
-    def __init__(self) -> None:
+    """A Scheduler observer (Scheduler.observers): each hook gets the scheduler, then the call's arguments."""
+
+    def __init__(self, model_executor) -> None:
+        self.model_executor = model_executor
         self.events: list[dict[str, Any]] = []
         self.step = 0
         self._blocks: dict[str, list[int]] = {}  # block ids per request as of the last schedule()
@@ -64,50 +88,48 @@ class EngineTracer:
     def _emit(self, kind: str, **fields) -> None:
         self.events.append({"kind": kind, "process": "EngineCore", "pid": os.getpid(), **fields})
 
-    def on_add_request(self, core, request) -> None:
+    def on_add_request(self, scheduler, request) -> None:
         self._emit("arrival", request_id=request.request_id, num_prompt_tokens=len(request.prompt_token_ids),
-                   waiting=[r.request_id for r in core.scheduler.waiting])
+                   waiting=[r.request_id for r in scheduler.waiting])
 
-    def on_abort(self, core, request_ids) -> None:
+    def on_finish_requests(self, scheduler, request_ids, status) -> None:
+        if status != RequestStatus.FINISHED_ABORTED:
+            return
         freed = {r: self._blocks.pop(r, []) for r in request_ids}
-        self._emit("abort", request_ids=list(request_ids), freed=freed, num_free_blocks=core.get_num_free_blocks())
+        self._emit("abort", request_ids=list(request_ids), freed=freed,
+                   num_free_blocks=scheduler.kv_cache_manager.block_pool.get_num_free_blocks())
 
-    def on_schedule(self, core, so) -> None:
+    def on_schedule(self, scheduler, so) -> None:
         self.step += 1
-        manager = core.scheduler.kv_cache_manager
-        self._blocks = {r: manager.get_block_ids(r) for r in core.scheduler.requests}
-        self._emit("schedule", **describe_schedule(core.scheduler, so, self.step, self._blocks))
+        manager = scheduler.kv_cache_manager
+        self._blocks = {r: manager.get_block_ids(r) for r in scheduler.requests}
+        self._emit("schedule", **describe_schedule(scheduler, so, self.step, self._blocks))
 
-    def on_update(self, core, so, model_output, outputs) -> None:
-        trace = model_output.trace or {}
-        batch, pulled = trace.get("batch"), trace.get("attention") or {}
-        if batch is not None:
-            md = pulled.get("attn_metadata")
-            self._emit(
-                "execute", step=self.step,
-                batch=describe_batch(batch),
-                attention=None if md is None else {
-                    "layer_name": pulled["layer_name"], "kv_cache_shape": pulled["kv_cache_shape"],
-                    "num_actual_tokens": md.num_actual_tokens, "max_query_len": md.max_query_len,
-                    "max_seq_len": md.max_seq_len, "block_table_shape": list(md.block_table.shape),
-                    "slot_mapping_len": int(pulled["slot_mapping"].numel())},
-                sampled={batch.req_ids[i]: t for i, t in zip(batch.sampling_req_indices, trace.get("sampled", []))})
+    def on_update(self, scheduler, so, model_output, outputs) -> None:
+        executed = self.model_executor.collective_rpc(describe_execute)[0]  # the driver rank's
+        if executed is not None:
+            sampled = {r: t[0] for r, t in zip(model_output.req_ids, model_output.sampled_token_ids) if t}
+            self._emit("execute", step=self.step, **executed, sampled=sampled)
         freed = {o.request_id: self._blocks.get(o.request_id, []) for o in outputs.outputs if o.finished}
         self._emit("update", step=self.step,
                    outputs=[{"request_id": o.request_id, "new_token_ids": o.new_token_ids,
                              "finish_reason": o.finish_reason, "stop_reason": o.stop_reason} for o in outputs.outputs],
-                   freed=freed, num_free_blocks=core.get_num_free_blocks(),
-                   waiting=[r.request_id for r in core.scheduler.waiting],
-                   running=[r.request_id for r in core.scheduler.running])
+                   freed=freed, num_free_blocks=scheduler.kv_cache_manager.block_pool.get_num_free_blocks(),
+                   waiting=[r.request_id for r in scheduler.waiting],
+                   running=[r.request_id for r in scheduler.running])
 
 
 class Trace:
     """The caller's record: engine facts (info) plus every event from both processes, in order."""
 
-    def __init__(self, info: dict, events: list | None = None, caller_pid: int | None = None) -> None:
+    def __init__(self, info: dict, events: list | None = None, caller_pid: int | None = None,
+                 source: Callable[[], list] | None = None) -> None:
         self.info = dict(info)
         self.caller_pid = os.getpid() if caller_pid is None else caller_pid
         self.events: list[dict[str, Any]] = list(events or [])
+        # the engine client's take_trace_events (EngineCore's events so far, in order), held weakly: a kept
+        # Trace must not keep a finished engine, its weights and its KV cache, alive
+        self.source = weakref.WeakMethod(source) if source is not None else None
 
     @property
     def multiprocess(self) -> bool:
@@ -123,7 +145,10 @@ class Trace:
                             "max_tokens": request.sampling_params.max_tokens})
 
     def on_outputs(self, engine_core_outputs, processed) -> None:
-        self.extend(engine_core_outputs.trace_events)
+        """After the caller processed one step's outputs: first EngineCore's events up to that step."""
+        take = self.source() if self.source is not None else None
+        if take is not None:
+            self.extend(take())
         if processed.request_outputs:
             self.events.append({"kind": "outputs", "process": "caller", "pid": self.caller_pid,
                                 "outputs": [{"request_id": o.request_id, "text": o.outputs[0].text,

@@ -5,7 +5,9 @@ SchedulerOutput as a delta, packs the scheduled tokens on one dimension,
 installs forward_context, runs the model, projects only the `logits_indices`
 rows through lm_head and samples. Requests asking for prompt_logprobs also
 get their prompt rows through lm_head, chunk by chunk under chunked prefill,
-as vLLM's _get_prompt_logprobs_dict. It knows nothing of queues. Left out:
+as vLLM's _get_prompt_logprobs_dict. It knows nothing of queues. The Worker builds
+it over a loaded model and gives it its KV cache (`initialize_kv_cache`); after a step
+`last_batch` / `last_attn_metadata` hold what it packed, for readers such as tracing. Left out:
 CUDA graphs, torch.compile, spec decode, pipeline/tensor parallelism, LoRA,
 multimodal inputs, async output copies.
 """
@@ -36,38 +38,60 @@ def pack_indices(num_scheduled: np.ndarray, num_computed: np.ndarray, block_tabl
     request of each row, positions, slot_mapping [num_tokens], sampling: the requests whose step reaches
     their last known token num_tokens[i] (a partial prefill chunk does not sample), logits_indices: each
     sampling request's last row).
+
+    The worked example (the article's): A prefills 4 tokens, B and C decode at positions 50 and 30, with
+    block_size 16 and block tables A [3], B [9, 4, 12, 7], C [5, 11].
     """
+    # E.g., num_scheduled [4, 1, 1] -> query_start_loc [0, 4, 5, 6]
     query_start_loc = np.concatenate(([0], np.cumsum(num_scheduled)))  # [num_reqs + 1]
     total = int(query_start_loc[-1])
+    # E.g., [4, 1, 1] -> req_indices [0, 0, 0, 0, 1, 2]
     req_indices = np.repeat(np.arange(len(num_scheduled)), num_scheduled)  # [num_tokens]
+    # E.g., [0, 1, 2, 3, 4, 5] - [0, 0, 0, 0, 4, 5] -> offsets [0, 1, 2, 3, 0, 0]
     offsets = np.arange(total) - query_start_loc[:-1][req_indices]  # [num_tokens]
+    # E.g., num_computed [0, 50, 30] -> positions [0, 1, 2, 3, 50, 30]
     positions = num_computed[req_indices] + offsets  # [num_tokens]
+    # E.g., logical blocks [0, 0, 0, 0, 3, 1] -> physical [3, 3, 3, 3, 7, 11]
     block_numbers = block_table[req_indices, positions // block_size]  # [num_tokens]
+    # E.g., 3*16 + [0, 1, 2, 3], 7*16 + 2, 11*16 + 14 -> slot_mapping [48, 49, 50, 51, 114, 190]
     slot_mapping = block_numbers.astype(np.int64) * block_size + positions % block_size
+    # E.g., num_tokens [4, 51, 31]: every request reaches its last token -> sampling [0, 1, 2]
     sampling = np.nonzero(num_computed + num_scheduled >= num_tokens)[0]  # [num_logits]
+    # E.g., [4, 5, 6] - 1 -> logits_indices [3, 4, 5]: one row per request goes through lm_head
     logits_indices = query_start_loc[1:][sampling] - 1  # [num_logits]
     return query_start_loc, req_indices, positions, slot_mapping, sampling, logits_indices
 
 
 class GPUModelRunner:
-    def __init__(self, model: torch.nn.Module, *, block_size: int, num_gpu_blocks: int, max_num_reqs: int,
-                 max_model_len: int, attention_backend: str, device: str = "cpu",
-                 seed: int = 0) -> None:
+    def __init__(self, model: torch.nn.Module, *, block_size: int, max_num_reqs: int, max_model_len: int,
+                 attention_backend: str, device: str = "cpu", seed: int = 0,
+                 num_gpu_blocks: int | None = None) -> None:
+        """`model` is loaded already (the Worker's load_model); the KV cache comes with initialize_kv_cache,
+        once EngineCore has sized it (num_gpu_blocks: allocate it now, for a runner driven by hand)."""
         self.model, self.device, self.block_size = model, torch.device(device), block_size
         self.max_model_len = max_model_len
         self.vocab_size = model.lm_head.out_features
         self.attn_layers: dict[str, Attention] = {m.layer_name: m for m in model.modules() if isinstance(m, Attention)}
-        self.kv_caches = self._allocate_kv_cache(num_gpu_blocks, next(model.parameters()).dtype)
-        impl = get_attn_impl(attention_backend)
-        for layer, kv_cache in zip(self.attn_layers.values(), self.kv_caches):
-            layer.kv_cache, layer.impl = kv_cache, impl
+        self.attn_impl = get_attn_impl(attention_backend)
+        self.kv_caches: list[torch.Tensor] = []
+        if num_gpu_blocks is not None:
+            self.initialize_kv_cache(num_gpu_blocks)
         self.input_batch = InputBatch(max_num_reqs, max_model_len, cdiv(max_model_len, block_size))
         self.sampling_state = SamplingState(self.vocab_size, self.device, seed)
         self.sampler = Sampler()
         # prompt_logprobs: how many alternatives each still-prefilling request wants, and what its chunks gave
         self.num_prompt_logprobs: dict[str, int] = {}
         self.in_progress_prompt_logprobs: dict[str, list] = {}
-        self.trace_enabled = False
+        # The last step's packed input and attention metadata, kept for whoever reads them after the step
+        # (tracing, notebooks); the step itself never looks back at them.
+        self.last_batch: PackedBatch | None = None
+        self.last_attn_metadata: AttentionMetadata | None = None
+
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        """vLLM's initialize_kv_cache: allocate every layer's cache and bind it, with the backend, to the layer."""
+        self.kv_caches = self._allocate_kv_cache(num_blocks, next(self.model.parameters()).dtype)
+        for layer, kv_cache in zip(self.attn_layers.values(), self.kv_caches):
+            layer.kv_cache, layer.impl = kv_cache, self.attn_impl
 
     def _allocate_kv_cache(self, num_blocks: int, dtype: torch.dtype) -> list[torch.Tensor]:
         layer = next(iter(self.attn_layers.values()))
@@ -111,10 +135,14 @@ class GPUModelRunner:
         rows = np.array([batch.req_id_to_row[r] for r in req_ids], dtype=np.int64)  # [num_reqs]
         num_scheduled = np.array([so.num_scheduled_tokens[r] for r in req_ids], dtype=np.int64)  # [num_reqs]
         computed = np.array([num_computed[r] for r in req_ids], dtype=np.int64)  # [num_reqs]
+        # E.g., A prefills 4 tokens, B and C decode at 50 and 30: num_scheduled [4, 1, 1], computed [0, 50, 30]
         query_start_loc, req_indices, positions, slot_mapping, sampling, logits_indices = pack_indices(
             num_scheduled, computed, batch.block_table_cpu[rows], batch.num_tokens_cpu[rows], self.block_size)
+        # E.g., positions [0, 1, 2, 3, 50, 30], query_start_loc [0, 4, 5, 6]
         num_tokens = int(query_start_loc[-1])
+        # E.g., one gather -> input_ids [A0, A1, A2, A3, B0, C0] (B0: B's token at position 50)
         input_ids = batch.token_ids_cpu[rows[req_indices], positions]  # [num_tokens]
+        # E.g., [0, 50, 30] + [4, 1, 1] -> seq_lens [4, 51, 31]
         seq_lens = computed + num_scheduled  # [num_reqs]
         max_blocks = cdiv(int(seq_lens.max()), self.block_size)
         block_table = batch.block_table_cpu[rows, :max_blocks]  # [num_reqs, max_blocks]
@@ -170,12 +198,12 @@ class GPUModelRunner:
     @torch.inference_mode()
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
         self._update_states(so)
+        self.last_batch = self.last_attn_metadata = None
         if so.total_num_scheduled_tokens == 0:
             return ModelRunnerOutput([], {}, [])
-        b = self._prepare_inputs(so)
-        attn_metadata = self._attn_metadata(b)
-        pulled = {} if self.trace_enabled else None
-        with set_forward_context(attn_metadata, self.attn_layers, slot_mapping=b.slot_mapping, trace=pulled):
+        b = self.last_batch = self._prepare_inputs(so)
+        attn_metadata = self.last_attn_metadata = self._attn_metadata(b)
+        with set_forward_context(attn_metadata, self.attn_layers, slot_mapping=b.slot_mapping):
             hidden_states = self.model(b.input_ids, b.positions)  # [num_tokens, hidden_size]
         prompt_logprobs = self._get_prompt_logprobs_dict(b, hidden_states) if self.num_prompt_logprobs else {}
         logits = self.model.compute_logits(hidden_states[b.logits_indices])  # [num_logits, vocab_size]
@@ -196,8 +224,5 @@ class GPUModelRunner:
                     if k is not None:
                         k = self.vocab_size if k == -1 else k
                         logprobs[req_index] = [(lp[j], rank[j], list(zip(top_ids[j][:k], top_lp[j][:k])))]
-        trace = None
-        if self.trace_enabled:
-            trace = {"batch": b, "attention": pulled, "sampled": tokens if sampled is not None else []}
-        return ModelRunnerOutput(b.req_ids, {r: i for i, r in enumerate(b.req_ids)}, sampled_token_ids, logprobs, trace,
+        return ModelRunnerOutput(b.req_ids, {r: i for i, r in enumerate(b.req_ids)}, sampled_token_ids, logprobs,
                                  prompt_logprobs)

@@ -2,7 +2,8 @@
 
 New requests travel whole (NewRequestData); requests the runner already knows
 travel as a delta (CachedRequestData): their new blocks and progress. Left out:
-spec-decode tokens, encoder inputs, grammar bitmasks, KV-connector metadata.
+spec-decode tokens, encoder inputs, grammar bitmasks, KV-connector metadata, new_block_ids_to_zero
+(the null block and masking keep stale KV harmless).
 """
 from __future__ import annotations
 
@@ -30,10 +31,6 @@ class CachedRequestData:
     new_block_ids: list[list[int]] = field(default_factory=list)
     num_computed_tokens: list[int] = field(default_factory=list)
 
-    @property
-    def num_reqs(self) -> int:
-        return len(self.req_ids)
-
 
 @dataclass
 class SchedulerOutput:
@@ -43,4 +40,3 @@ class SchedulerOutput:
     total_num_scheduled_tokens: int
     finished_req_ids: set[str]  # finished since the last step: the runner drops their state
     preempted_req_ids: set[str] = field(default_factory=set)
-    new_block_ids_to_zero: list[int] | None = None  # unused: the null block and masking keep stale KV harmless

@@ -3,6 +3,8 @@
 FCFS is a deque: arrivals append, a preempted request is prepended so it goes
 first on the next admission pass. PRIORITY is a heap on (priority, arrival):
 a "prepend" simply re-enters the heap, where its old arrival time ranks it.
+Left out: vLLM's abstract RequestQueue base class (two concrete queues share duck-typed methods instead),
+and the SchedulingPolicy enum (the policy is the config's string).
 """
 from __future__ import annotations
 

@@ -3,6 +3,8 @@
 The scheduler knows nothing of tensors: it reads requests and the block pool and
 writes a SchedulerOutput. With prefix caching a waiting request is admitted at
 the end of its longest cached prefix and charged budget only for the rest.
+`observers` (tracing) are told after add_request, schedule, update_from_output
+and finish_requests, to read the state then; they change nothing.
 Left out: speculative decoding, encoder inputs, structured output, KV
 connectors, async scheduling.
 """
@@ -12,29 +14,10 @@ from minivllm.config import CacheConfig, SchedulerConfig
 from minivllm.core.kv_cache_manager import KVCacheManager
 from minivllm.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
 from minivllm.core.sched.request_queue import create_request_queue
-from minivllm.core.sched.utils import check_stop, remove_all
+from minivllm.core.sched.utils import check_request_fits, check_stop, remove_all
 from minivllm.engine import EngineCoreOutput, EngineCoreOutputs
 from minivllm.outputs import ModelRunnerOutput
 from minivllm.request import Request, RequestStatus
-from minivllm.utils.math_utils import cdiv
-
-
-def check_request_fits(num_prompt_tokens: int, max_tokens: int | None, max_model_len: int,
-                       block_size: int, num_gpu_blocks: int) -> None:
-    """Raise ValueError for a request that could never be served, instead of letting it wait forever."""
-    if num_prompt_tokens == 0:
-        raise ValueError("The prompt is empty: pass at least one token.")
-    if num_prompt_tokens >= max_model_len:  # as vLLM: the prompt must leave room for one output token
-        raise ValueError(f"The prompt has {num_prompt_tokens} tokens but max_model_len={max_model_len} must hold it "
-                         f"and at least one output token: shorten the prompt below {max_model_len} tokens or raise "
-                         f"max_model_len.")
-    max_len = min(num_prompt_tokens + (max_tokens or max_model_len), max_model_len)
-    # The last sampled token never enters the KV cache, hence max_len - 1 slots.
-    needed, available = cdiv(max(max_len - 1, num_prompt_tokens), block_size), num_gpu_blocks - 1
-    if needed > available:
-        raise ValueError(f"The request needs up to {needed} KV blocks ({max_len} tokens at block_size={block_size}) "
-                         f"but the pool has only {available}: lower max_tokens, shorten the prompt or raise "
-                         f"num_gpu_blocks_override.")
 
 
 class Scheduler:
@@ -49,6 +32,12 @@ class Scheduler:
         self.running: list[Request] = []
         self.finished_req_ids: set[str] = set()  # since the last schedule(): the runner drops them
         self.num_preemptions = 0
+        # Observers (tracing) read the scheduler's state right after each call below; they change nothing.
+        self.observers: list = []
+
+    def _notify(self, hook: str, *args) -> None:
+        for observer in self.observers:
+            getattr(observer, hook)(self, *args)
 
     def add_request(self, request: Request) -> None:
         if request.request_id in self.requests:
@@ -57,6 +46,7 @@ class Scheduler:
                            self.cache_config.block_size, self.cache_config.num_gpu_blocks)
         self.requests[request.request_id] = request
         self.waiting.add_request(request)
+        self._notify("on_add_request", request)
 
     # There is no prefill phase and no decode phase. Each request has num_computed_tokens
     # (KV already in the cache) and num_tokens (prompt + sampled outputs); every step hands out
@@ -84,10 +74,11 @@ class Scheduler:
             while (new_blocks := self.kv_cache_manager.allocate_slots(request, num_new_tokens)) is None:
                 victim = self._select_victim()
                 self.running.remove(victim)
-                if victim in scheduled_running:  # already planned this step (priority): give back its tokens
-                    scheduled_running.remove(victim)
+                if victim in scheduled_running:  # already planned this step (priority): give back its tokens,
+                    scheduled_running.remove(victim)  # and uncache the blocks allocated for them (no KV in them)
                     token_budget += num_scheduled_tokens.pop(victim.request_id)
                     new_block_ids.pop(victim.request_id)
+                    self.kv_cache_manager.uncache_unwritten_blocks(victim)
                     req_index -= 1
                 self._preempt_request(victim)
                 preempted.append(victim)
@@ -148,6 +139,7 @@ class Scheduler:
         for req_id, n in num_scheduled_tokens.items():
             self.requests[req_id].num_computed_tokens += n
         self.finished_req_ids = set()
+        self._notify("on_schedule", output)
         return output
 
     def _num_new_tokens(self, request: Request, token_budget: int, num_computed_tokens: int | None = None) -> int:
@@ -197,7 +189,8 @@ class Scheduler:
                 continue  # a partial prefill chunk samples nothing
             new_token_ids, stopped = self._update_request_with_output(request, generated)
             new_logprobs = logprobs[req_index][:len(new_token_ids)] if logprobs and logprobs[req_index] else None
-            if stopped and self._handle_stopped_request(request):
+            if stopped:  # finished: its blocks go back to the pool now
+                self._free_request(request)
                 stopped_running_reqs.add(request)
             outputs.append(EngineCoreOutput(req_id, new_token_ids, new_logprobs,
                                             request.get_finished_reason(), request.stop_reason,
@@ -205,7 +198,9 @@ class Scheduler:
                                             num_cached_tokens=request.num_cached_tokens))
         if stopped_running_reqs:
             self.running = remove_all(self.running, stopped_running_reqs)
-        return EngineCoreOutputs(outputs=outputs)
+        engine_core_outputs = EngineCoreOutputs(outputs=outputs)
+        self._notify("on_update", scheduler_output, model_runner_output, engine_core_outputs)
+        return engine_core_outputs
 
     def _update_request_with_output(self, request: Request, new_token_ids: list[int]) -> tuple[list[int], bool]:
         """Append the sampled tokens one by one, stopping at the first that ends the request.
@@ -218,14 +213,6 @@ class Scheduler:
                 return new_token_ids[:i + 1], True
         return new_token_ids, False
 
-    def _handle_stopped_request(self, request: Request) -> bool:
-        """A stopped request is finished: its blocks go back to the pool now. True: take it out of running.
-
-        (vLLM also resumes a streaming-input session here instead of finishing it; minivllm has none.)
-        """
-        self._free_request(request)
-        return True
-
     def finish_requests(self, request_ids, finished_status: RequestStatus) -> None:
         """Finish requests from outside the step (abort, stop string): out of the queues, blocks freed."""
         assert RequestStatus.is_finished(finished_status)
@@ -237,6 +224,7 @@ class Scheduler:
         for request in requests:
             request.status = finished_status
             self._free_request(request)
+        self._notify("on_finish_requests", ids, finished_status)
 
     def _free_request(self, request: Request) -> None:
         self.kv_cache_manager.free(request)

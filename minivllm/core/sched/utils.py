@@ -1,7 +1,13 @@
-"""Mirror of vllm/v1/core/sched/utils.py: the stop check and the list helper update_from_output uses."""
+"""Mirror of vllm/v1/core/sched/utils.py: the stop check and the list helper update_from_output uses.
+
+Also `check_request_fits`, the admission check that refuses up front a request the pool could never hold
+(vLLM checks the length in its input processor and lets a too-large request wait). Left out: the
+speculative-decoding and pooling variants of the stop check, and stop strings (the caller's side here).
+"""
 from __future__ import annotations
 
 from minivllm.request import Request, RequestStatus
+from minivllm.utils.math_utils import cdiv
 
 
 def remove_all(lst: list, items_to_remove: set) -> list:
@@ -27,3 +33,21 @@ def check_stop(request: Request, max_model_len: int) -> bool:
         request.stop_reason = last
         return True
     return False
+
+
+def check_request_fits(num_prompt_tokens: int, max_tokens: int | None, max_model_len: int,
+                       block_size: int, num_gpu_blocks: int) -> None:
+    """Raise ValueError for a request that could never be served, instead of letting it wait forever."""
+    if num_prompt_tokens == 0:
+        raise ValueError("The prompt is empty: pass at least one token.")
+    if num_prompt_tokens >= max_model_len:  # as vLLM: the prompt must leave room for one output token
+        raise ValueError(f"The prompt has {num_prompt_tokens} tokens but max_model_len={max_model_len} must hold it "
+                         f"and at least one output token: shorten the prompt below {max_model_len} tokens or raise "
+                         f"max_model_len.")
+    max_len = min(num_prompt_tokens + (max_tokens or max_model_len), max_model_len)
+    # The last sampled token never enters the KV cache, hence max_len - 1 slots.
+    needed, available = cdiv(max(max_len - 1, num_prompt_tokens), block_size), num_gpu_blocks - 1
+    if needed > available:
+        raise ValueError(f"The request needs up to {needed} KV blocks ({max_len} tokens at block_size={block_size}) "
+                         f"but the pool has only {available}: lower max_tokens, shorten the prompt or raise "
+                         f"num_gpu_blocks_override.")

@@ -1,0 +1,64 @@
+"""Mirror of vllm/v1/executor/abstract.py: Executor, the one object EngineCore runs the model through.
+
+EngineCore never touches a worker: it asks its Executor. Every call fans out to all workers with
+`collective_rpc(method, args, kwargs)` (a Worker method name, or a function called with the worker
+as its first argument, as vLLM's) and comes back as one result per rank. `execute_model` keeps the
+driver rank's output only; `determine_available_memory` returns every rank's answer, and EngineCore
+sizes the pool by the smallest. A subclass says where the workers live: `UniProcExecutor` holds one
+Worker in EngineCore's process; a multiprocess executor (one process per tensor-parallel rank) is
+another subclass with the same calls. Left out: Ray, pipeline parallelism, non-blocking futures,
+KV connectors, sleep/wake, LoRA.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable
+
+from minivllm.config import EngineConfig
+from minivllm.core.kv_cache_utils import KVCacheConfig
+from minivllm.core.sched.output import SchedulerOutput
+from minivllm.outputs import ModelRunnerOutput
+
+# distributed_executor_backend -> the class that runs it (by name: the subclasses import this module)
+EXECUTOR_BACKENDS = {"uni": "minivllm.executor.uniproc_executor.UniProcExecutor"}
+
+
+class Executor:
+    def __init__(self, config: EngineConfig, model_folder: str) -> None:
+        self.config, self.model_folder = config, model_folder
+        self.is_failed = False
+        self._init_executor()
+
+    @staticmethod
+    def get_class(config: EngineConfig) -> type["Executor"]:
+        """The Executor subclass for this config, by its qualified name, as vLLM resolves a
+        distributed_executor_backend ("uni": one worker in this process, the only backend so far)."""
+        module, _, name = EXECUTOR_BACKENDS["uni"].rpartition(".")
+        return getattr(importlib.import_module(module), name)
+
+    def _init_executor(self) -> None:
+        """Start the workers and bring each to a loaded model (init_device, load_model)."""
+        raise NotImplementedError
+
+    def collective_rpc(self, method: str | Callable, args: tuple = (), kwargs: dict | None = None) -> list[Any]:
+        """Run `method` on every worker; one result per rank, rank 0 first."""
+        raise NotImplementedError
+
+    def determine_available_memory(self) -> list[int]:
+        """Bytes each worker can give its KV cache, one per rank."""
+        return self.collective_rpc("determine_available_memory")
+
+    def initialize_from_config(self, kv_cache_config: KVCacheConfig) -> None:
+        """Every worker allocates the same pool."""
+        self.collective_rpc("initialize_from_config", args=(kv_cache_config,))
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        """One step on every worker; the driver rank's output is the step's."""
+        return self.collective_rpc("execute_model", args=(scheduler_output,))[0]
+
+    def check_health(self) -> None:
+        """Raise if a worker is gone."""
+        self.collective_rpc("check_health")
+
+    def shutdown(self) -> None:
+        raise NotImplementedError
