@@ -6,8 +6,8 @@ platform and the attention backend, each settled once. minivllm settles every su
 
   attention backend | KV write (reshape_and_cache_flash)             | paged read
   "cpu"             | C reshape_and_cache       (csrc/cpu/cache.c)   | C paged_attention   (csrc/cpu/cpu_attn.c)
-  "triton"          | Triton reshape_and_cache_flash (kernels/)      | Triton unified_attention (kernels/)
   "torch"           | PyTorch index_copy_ by slot (torch_attn.py)    | PyTorch gather by block_table + SDPA
+  "triton"          | Triton reshape_and_cache_flash (kernels/)      | Triton unified_attention (kernels/)
 
   the other ops (models/layers.py)  | CPU, float32 or bfloat16, library built | otherwise
   rms_norm, fused_add_rms_norm      | C csrc/cpu/layernorm.c                  | PyTorch forward_native
@@ -47,9 +47,9 @@ SMALL_BATCH = 256  # rows up to which the C GEMM (gemm.c) runs a CPU linear; big
 
 
 def compiled_cpu_ops_serve(device: str | torch.device, dtype: torch.dtype | str | None) -> bool:
-    """True where the compiled CPU ops run: on the CPU, in float32 or bfloat16 (None: not known yet), built."""
+    """True where the compiled CPU ops run: on the CPU, in float32 or bfloat16 (None or "auto": not known), built."""
     if isinstance(dtype, str):
-        dtype = getattr(torch, dtype)
+        dtype = None if dtype == "auto" else getattr(torch, dtype)
     return torch.device(device).type == "cpu" and (dtype is None or dtype in _C.DTYPES) and _C.available()
 
 
@@ -68,8 +68,9 @@ def choose_attention_backend(requested: str | None, device: str, dtype: torch.dt
         raise ValueError(f"attention backend must be one of {tuple(ATTENTION_BACKENDS)}, got {name!r} "
                          f"(from attention_backend or MINIVLLM_ATTENTION_BACKEND)")
     if name == "cpu" and not compiled_cpu_ops_serve(device, dtype):
-        why = (f"they run on the CPU in float32 or bfloat16, not on device={str(device)!r} in {dtype}"
-               if _C.available() else "they are switched off or did not build (see the warning logged above)")
+        asked = f"device={str(device)!r}" + ("" if dtype is None else f", dtype={dtype}")
+        why = (f"they run on the CPU in float32 or bfloat16, not {asked}" if _C.available()
+               else "they are switched off or did not build (see the warning logged above)")
         raise ValueError(f"attention backend 'cpu' runs the compiled CPU kernels, and {why}. Choose "
                          f"attention_backend='torch' (any device and dtype), or dtype='float32' or 'bfloat16'")
     return name
