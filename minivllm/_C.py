@@ -1,22 +1,24 @@
-"""Mirror of vllm._C, the compiled op library, for the CPU: csrc/cpu/ops.c built on first use and called via ctypes.
+"""Mirror of vllm._C, the compiled op library, for the CPU: csrc/cpu/*.c built on first use and called via ctypes.
 
-vLLM ships its C++ ops prebuilt inside the wheel; minivllm compiles its one C file with the
-system's C compiler the first time an engine starts on the CPU (about a second) and caches the
-shared library under MINIVLLM_CACHE_DIR/ops/, keyed by the source, the flags and the CPU. Each
-wrapper checks dtypes and layouts, then hands raw pointers to C; the library runs on torch's own
-OpenMP thread pool (the same libgomp), so `torch.set_num_threads` governs it too.
+vLLM ships its C++ ops prebuilt inside the wheel; minivllm compiles its C files (csrc/cpu/, one per
+vLLM file: cache, cpu_attn, layernorm, activation, pos_encoding, gemm) into one library with the
+system's C compiler the first time an engine starts on the CPU (a second or two; csrc/build.py) and
+caches it under MINIVLLM_CACHE_DIR/ops/, keyed by the sources, the flags and the CPU. SIGNATURES
+below types every exported function for ctypes, written out from csrc/cpu/ops.h (a test parses the
+C and compares). Each wrapper checks dtypes and layouts, then hands raw pointers to C; the library
+runs on torch's own OpenMP thread pool (the same libgomp), so `torch.set_num_threads` governs it too.
 
 Without a compiler, with MINIVLLM_CPU_KERNELS=0, or on any failure to load (a refused folder, a
-dlopen error, a missing symbol), `available()` is False (logged once) and every caller keeps its
-PyTorch path, which the tests use as the reference. The ops take float32 and bfloat16 (arithmetic
-in float32, results rounded to bf16 where PyTorch's own ops round: see ops.c); the small-batch
-linear is float32 only (bf16 GEMMs go to oneDNN). Left out: CUDA, fp16, fp8.
+dlopen error, a missing symbol), `available()` is False (logged once); which op then runs instead is
+decided once, in minivllm/_custom_ops.py. The ops take float32 and bfloat16 (arithmetic in float32,
+results rounded to bf16 where PyTorch's own ops round: see csrc/cpu/cpu_types.h); the small-batch
+linear is float32 only (bf16 GEMMs go to oneDNN). A tensor an op cannot take is a ValueError, never
+a silent detour. Left out: CUDA, fp16, fp8, torch.ops registration (ctypes stands in for it).
 """
 from __future__ import annotations
 
 import ctypes
 import logging
-import re
 import subprocess
 from pathlib import Path
 
@@ -28,24 +30,28 @@ from minivllm.utils.math_utils import cdiv
 
 logger = logging.getLogger("minivllm")
 
-_CTYPES = {"int64_t": ctypes.c_int64, "int": ctypes.c_int, "float": ctypes.c_float, "void": None}
-
-
-def _signatures(source: str) -> dict[str, tuple[list, object]]:
-    """(argument types, return type) of every exported function, read from ops.c's own definitions.
-
-    Exported means not `static`: a definition at the start of a line, `void|int64_t name(params) {`.
-    Pointers travel as c_void_p (the wrappers pass data_ptr()), scalars as their C type.
-    """
-    found = {}
-    for ret, name, params in re.findall(r"^(void|int64_t) (\w+)\(([^)]*)\)\s*\{", source, re.M):
-        args = [] if params.strip() == "void" else [
-            ctypes.c_void_p if "*" in p else _CTYPES[p.split()[-2]] for p in params.split(",")]
-        found[name] = (args, _CTYPES[ret])
-    return found
-
-
-SIGNATURES = _signatures(build.SOURCE.read_text())
+# The C prototypes of csrc/cpu/ops.h, for ctypes: pointers travel as c_void_p (the wrappers pass
+# data_ptr()), int64_t as c_int64, int as c_int, float as c_float; None is a void return.
+_P, _I64, _INT, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+SIGNATURES: dict[str, tuple[list, object]] = {
+    # cache.c: key, value, key_cache, value_cache, slot_mapping, num_tokens, row, key_stride, value_stride, dtype
+    "reshape_and_cache": ([_P, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _INT], None),
+    # cpu_attn.c: out, query, key_cache, value_cache, block_table, token_index, req_index, kv_lens, num_queries,
+    # num_heads, num_kv_heads, head_size, block_size, block_table_stride, q_stride, out_stride, max_kv_len, scale, dtype
+    "paged_attention": ([_P] * 8 + [_I64] * 9 + [_F, _INT], None),
+    # layernorm.c: out, x, weight, num_tokens, hidden, x_stride, eps, dtype / x, residual, weight, num_tokens, ...
+    "rms_norm": ([_P, _P, _P, _I64, _I64, _I64, _F, _INT], None),
+    "fused_add_rms_norm": ([_P, _P, _P, _I64, _I64, _F, _INT], None),
+    # activation.c: out, x, num_tokens, d, dtype
+    "silu_and_mul": ([_P, _P, _I64, _I64, _INT], None),
+    # pos_encoding.c: positions, q, k, cos_cache, sin_cache, num_tokens, num_heads, num_kv_heads, head_size,
+    # q_stride, k_stride, dtype
+    "rotary_embedding": ([_P] * 5 + [_I64] * 6 + [_INT], None),
+    # gemm.c: () -> PANEL / packed, weight, n, k / out, x, packed, bias, m, n, k, x_stride
+    "panel_width": ([], _I64),
+    "pack_linear_weight": ([_P, _P, _I64, _I64], None),
+    "linear_small_batch": ([_P, _P, _P, _P, _I64, _I64, _I64, _I64], None),
+}
 _lib: ctypes.CDLL | None = None
 _tried = False
 
@@ -84,7 +90,7 @@ def available() -> bool:
     return load() is not None
 
 
-DTYPES = {torch.float32: 0, torch.bfloat16: 1}  # ops.c's DTYPE_F32 / DTYPE_BF16
+DTYPES = {torch.float32: 0, torch.bfloat16: 1}  # cpu_types.h's DTYPE_F32 / DTYPE_BF16
 
 
 def usable(*tensors: torch.Tensor) -> bool:
@@ -96,11 +102,16 @@ def usable(*tensors: torch.Tensor) -> bool:
 
 
 def _dtype(*tensors: torch.Tensor) -> int:
-    """ops.c's code for the tensors' one dtype; a ValueError for a mix or a dtype it does not take."""
+    """The C code for the tensors' one dtype; a ValueError for a mix or a dtype it does not take."""
     dtypes = {t.dtype for t in tensors}
     if len(dtypes) != 1 or tensors[0].dtype not in DTYPES:
-        raise ValueError(f"the compiled ops take float32 or bfloat16 tensors of one dtype, got {sorted(map(str, dtypes))}")
+        raise ValueError(f"the compiled ops take float32 or bfloat16 tensors of one dtype, got "
+                         f"{sorted(map(str, dtypes))}: run the model in float32 or bfloat16, or keep the CPU ops "
+                         f"off (MINIVLLM_CPU_KERNELS=0, attention_backend='torch')")
     return DTYPES[tensors[0].dtype]
+
+
+_ANY_LAYOUT = " (the 'torch' attention backend takes any layout)"
 
 
 def heads_contiguous(*tensors: torch.Tensor) -> bool:
@@ -116,18 +127,19 @@ def _rows(x: torch.Tensor, width: int) -> int:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """x [num_tokens, hidden] (rows may be strided) -> weight * x / rms(x), a new contiguous tensor."""
+    """x [..., hidden] (2-D rows may be strided; other layouts are copied) -> weight * x / rms(x), a new tensor."""
     hidden = weight.shape[0]
-    out = torch.empty(x.shape[0], hidden, dtype=x.dtype)
-    _lib.rms_norm(out.data_ptr(), x.data_ptr(), weight.data_ptr(), x.shape[0], hidden, _rows(x, hidden), eps,
-                 _dtype(x, weight))
-    return out
+    rows = x if x.dim() == 2 and x.stride(1) == 1 else x.reshape(-1, hidden).contiguous()  # [num_tokens, hidden]
+    out = torch.empty(rows.shape[0], hidden, dtype=x.dtype)
+    _lib.rms_norm(out.data_ptr(), rows.data_ptr(), weight.data_ptr(), rows.shape[0], hidden, _rows(rows, hidden),
+                  eps, _dtype(rows, weight))
+    return out.view(*x.shape[:-1], hidden)
 
 
 def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
     """In place: residual += x, then x = rms_norm(residual). Both contiguous [num_tokens, hidden]."""
     if not (x.is_contiguous() and residual.is_contiguous() and x.shape == residual.shape):
-        raise ValueError("fused_add_rms_norm needs two contiguous tensors of one shape")
+        raise ValueError("fused_add_rms_norm needs two contiguous tensors of one shape (pass x.contiguous())")
     _lib.fused_add_rms_norm(x.data_ptr(), residual.data_ptr(), weight.data_ptr(), x.shape[0], x.shape[1], eps,
                                _dtype(x, residual, weight))
 
@@ -162,9 +174,10 @@ def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.T
     num_tokens, num_kv_heads, head_size = key.shape
     row = num_kv_heads * head_size
     if not heads_contiguous(key, value):
-        raise ValueError(f"reshape_and_cache needs contiguous heads, got strides {key.stride()}, {value.stride()}")
+        raise ValueError(f"reshape_and_cache needs contiguous heads, got strides {key.stride()}, {value.stride()}"
+                         + _ANY_LAYOUT)
     if not (key_cache.is_contiguous() and value_cache.is_contiguous()):
-        raise ValueError("reshape_and_cache needs contiguous caches")
+        raise ValueError("reshape_and_cache needs contiguous caches" + _ANY_LAYOUT)
     slot_mapping = slot_mapping.to(torch.int64).contiguous()
     _lib.reshape_and_cache(key.data_ptr(), value.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(),
                            slot_mapping.data_ptr(), num_tokens, row, key.stride(0), value.stride(0),
@@ -185,9 +198,10 @@ def paged_attention(output: torch.Tensor, query: torch.Tensor, key_cache: torch.
     if num_heads % num_kv_heads:
         raise ValueError(f"{num_heads} query heads do not split evenly over {num_kv_heads} KV heads")
     if not (key_cache.is_contiguous() and value_cache.is_contiguous() and block_table.stride(1) == 1):
-        raise ValueError("paged_attention needs contiguous caches and block_table rows")
+        raise ValueError("paged_attention needs contiguous caches and block_table rows" + _ANY_LAYOUT)
     if not heads_contiguous(query, output):
-        raise ValueError(f"paged_attention needs contiguous heads, got strides {query.stride()}, {output.stride()}")
+        raise ValueError(f"paged_attention needs contiguous heads, got strides {query.stride()}, {output.stride()}"
+                         + _ANY_LAYOUT)
     block_table, kv_lens = block_table.to(torch.int32), kv_lens.to(torch.int32).contiguous()
     token_index, req_index = token_index.to(torch.int64).contiguous(), req_index.to(torch.int64).contiguous()
     _lib.paged_attention(output.data_ptr(), query.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(),

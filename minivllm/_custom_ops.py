@@ -1,20 +1,115 @@
-"""Mirrors vllm/_custom_ops.py.
+"""Mirror of vllm/_custom_ops.py: the op entry points, and the one place that picks which implementation runs.
 
-Thin Python entry points that the attention backend calls for the two
-kernel ops minivllm needs (KV-cache write, paged attention), backed by our
-Triton kernels. Leaves out the torch.ops C++/CUDA registrations, fp8 KV cache
-dtypes and every op unrelated to attention.
+vLLM's _custom_ops.py is the Python face of its compiled ops; which kernel serves a layer follows from the
+platform and the attention backend, each settled once. minivllm settles every such choice here, once per engine
+(or per op, on its first call), and never changes it per call:
+
+  attention backend | KV write (reshape_and_cache_flash)             | paged read
+  "cpu"             | C reshape_and_cache       (csrc/cpu/cache.c)   | C paged_attention   (csrc/cpu/cpu_attn.c)
+  "torch"           | PyTorch index_copy_ by slot (torch_attn.py)    | PyTorch gather by block_table + SDPA
+  "triton"          | Triton reshape_and_cache_flash (kernels/)      | Triton unified_attention (kernels/)
+
+  the other ops (models/layers.py)  | CPU, float32 or bfloat16, library built | otherwise
+  rms_norm, fused_add_rms_norm      | C csrc/cpu/layernorm.c                  | PyTorch forward_native
+  silu_and_mul                      | C csrc/cpu/activation.c                 | PyTorch forward_native
+  rotary_embedding                  | C csrc/cpu/pos_encoding.c               | PyTorch forward_native
+  linear (GEMM, CPU)                | float32 and <= 256 rows: C csrc/cpu/gemm.c; else oneDNN's packed GEMM
+
+The default backend is Triton on a GPU; on the CPU "cpu" where the compiled ops take the model's dtype, else
+"torch". A backend asked for that cannot run is a ValueError naming the fix, and a tensor a compiled op cannot
+take is one too: nothing falls back to another implementation per call. The engine logs once which KV write and
+paged read run. Left out: CUDA ops, fp8 caches and scales, quantized GEMMs, vLLM's per-op enable switches.
 """
+from __future__ import annotations
 
+import functools
+import logging
 from typing import Optional
 
 import torch
 
-# Importing the package first sets TRITON_INTERPRET on CPU-only machines,
-# before any @triton.jit kernel below gets decorated.
+# Importing the package first sets TRITON_INTERPRET on CPU-only machines, before any @triton.jit kernel is
+# decorated; the kernel modules themselves are imported on first use, so a CPU engine never loads Triton.
 import minivllm.kernels  # noqa: F401
-from minivllm.kernels.reshape_and_cache import triton_reshape_and_cache_flash
-from minivllm.kernels.unified_attention import unified_attention as _unified_attention
+from minivllm import _C, envs
+
+logger = logging.getLogger("minivllm")
+
+# backend -> (KV write, paged read): what runs, and where it is written
+ATTENTION_BACKENDS = {
+    "cpu": ("C reshape_and_cache (csrc/cpu/cache.c)", "C paged_attention (csrc/cpu/cpu_attn.c)"),
+    "torch": ("PyTorch index_copy_ by slot_mapping (attention/backends/torch_attn.py)",
+              "PyTorch gather by block_table + SDPA (attention/backends/torch_attn.py)"),
+    "triton": ("Triton reshape_and_cache_flash (kernels/reshape_and_cache.py)",
+               "Triton unified_attention (kernels/unified_attention.py)"),
+}
+SMALL_BATCH = 256  # rows up to which the C GEMM (gemm.c) runs a CPU linear; bigger batches go to oneDNN
+
+
+def compiled_cpu_ops_serve(device: str | torch.device, dtype: torch.dtype | str | None) -> bool:
+    """True where the compiled CPU ops run: on the CPU, in float32 or bfloat16 (None or "auto": not known), built."""
+    if isinstance(dtype, str):
+        dtype = None if dtype == "auto" else getattr(torch, dtype)
+    return torch.device(device).type == "cpu" and (dtype is None or dtype in _C.DTYPES) and _C.available()
+
+
+def choose_attention_backend(requested: str | None, device: str, dtype: torch.dtype | str | None = None) -> str:
+    """The backend of a run: `requested`, else MINIVLLM_ATTENTION_BACKEND, else the device's default.
+
+    E.g. (None, "cuda") -> "triton"; (None, "cpu", float32) -> "cpu" when the library builds, else "torch";
+    (None, "cpu", float16) -> "torch"; ("cpu", "cpu", float16) -> ValueError naming the fix.
+    """
+    name = requested or envs.attention_backend()
+    if name is None:
+        if torch.device(device).type == "cuda":
+            return "triton"
+        return "cpu" if compiled_cpu_ops_serve(device, dtype) else "torch"
+    if name not in ATTENTION_BACKENDS:
+        raise ValueError(f"attention backend must be one of {tuple(ATTENTION_BACKENDS)}, got {name!r} "
+                         f"(from attention_backend or MINIVLLM_ATTENTION_BACKEND)")
+    if name == "cpu" and not compiled_cpu_ops_serve(device, dtype):
+        asked = f"device={str(device)!r}" + ("" if dtype is None else f", dtype={dtype}")
+        why = (f"they run on the CPU in float32 or bfloat16, not {asked}" if _C.available()
+               else "they are switched off or did not build (see the warning logged above)")
+        raise ValueError(f"attention backend 'cpu' runs the compiled CPU kernels, and {why}. Choose "
+                         f"attention_backend='torch' (any device and dtype), or dtype='float32' or 'bfloat16'")
+    return name
+
+
+def log_attention_ops(backend: str) -> None:
+    """The engine's one line saying which KV write and which paged read its attention layers run."""
+    write, read = ATTENTION_BACKENDS[backend]
+    logger.info("attention backend %s: KV write = %s, paged read = %s", backend, write, read)
+
+
+def choose_custom_op_forward(device: torch.device, dtype: torch.dtype) -> str:
+    """CustomOp's method for tensors on `device` in `dtype`: "forward_cpu" (the C op) or "forward_native"."""
+    if compiled_cpu_ops_serve(device, dtype):
+        return "forward_cpu"
+    if device.type == "cpu":
+        _log_native_once(str(dtype).removeprefix("torch."), _C.available())
+    return "forward_native"
+
+
+@functools.cache
+def _log_native_once(dtype: str, built: bool) -> None:
+    why = f"the compiled CPU ops take float32 and bfloat16, not {dtype}" if built else "the compiled CPU ops are off"
+    logger.info("RMSNorm, SiluAndMul and the rotary embedding run their PyTorch forward_native: %s", why)
+
+
+def pack_small_batch_linear(weight: torch.Tensor) -> torch.Tensor | None:
+    """W [n, k] -> the C GEMM's panels where it will run (float32, library built), else None (oneDNN only)."""
+    if weight.dtype == torch.float32 and compiled_cpu_ops_serve(weight.device, weight.dtype):
+        return _C.pack_linear_weight(weight)
+    return None
+
+
+def cpu_linear(x: torch.Tensor, onednn_weight: torch.Tensor, panels: torch.Tensor | None,
+               bias: torch.Tensor | None, out_features: int) -> torch.Tensor:
+    """x [m, k] @ W^T + bias -> [m, n]: the C small-batch GEMM up to SMALL_BATCH rows, oneDNN above (by size)."""
+    if panels is not None and x.shape[0] <= SMALL_BATCH:
+        return _C.linear_small_batch(x, panels, bias, out_features)
+    return torch.ops.mkldnn._linear_pointwise(x, onednn_weight, bias, "none", [], "")
 
 
 def reshape_and_cache_flash(
@@ -27,12 +122,13 @@ def reshape_and_cache_flash(
     k_scale: Optional[torch.Tensor] = None,
     v_scale: Optional[torch.Tensor] = None,
 ) -> None:
-    """Write token i's K/V to cache slot slot_mapping[i] (in place)."""
+    """The Triton KV write: token i's K/V to cache slot slot_mapping[i] (in place)."""
     if kv_cache_dtype != "auto":
         raise NotImplementedError(
             f"kv_cache_dtype={kv_cache_dtype!r} is not supported by minivllm; "
             "only 'auto' (cache dtype == model dtype) is implemented")
     del k_scale, v_scale  # only meaningful for fp8 caches
+    from minivllm.kernels.reshape_and_cache import triton_reshape_and_cache_flash
     triton_reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping)
 
 
@@ -49,6 +145,7 @@ def unified_attention(
     causal: bool,
     block_table: torch.Tensor,  # [num_seqs, max_num_blocks_per_seq] int32
 ) -> None:
-    """Paged attention over a mixed prefill/decode batch; writes `out` in place."""
-    _unified_attention(q, k, v, out, cu_seqlens_q, max_seqlen_q, seqused_k,
-                       max_seqlen_k, softmax_scale, causal, block_table)
+    """The Triton paged read over a mixed prefill/decode batch; writes `out` in place."""
+    from minivllm.kernels.unified_attention import unified_attention as triton_unified_attention
+    triton_unified_attention(q, k, v, out, cu_seqlens_q, max_seqlen_q, seqused_k, max_seqlen_k, softmax_scale,
+                             causal, block_table)

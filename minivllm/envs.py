@@ -49,7 +49,7 @@ ENVIRONMENT = [
     EnvVar("MINIVLLM_TORCH_PROFILER_DIR", "", _text,
            "a folder: turns the torch profiler on when profiler_config is unset (vLLM's older "
            "VLLM_TORCH_PROFILER_DIR)"),
-    EnvVar("CC", "gcc, else cc", _text, "the C compiler that builds csrc/cpu/ops.c"),
+    EnvVar("CC", "gcc, else cc", _text, "the C compiler that builds csrc/cpu/*.c"),
     EnvVar("GOMP_SPINCOUNT", "2000 in EngineCore's child", _text,
            "how long an idle OpenMP thread spins before it sleeps: short, so a CPU shared with other jobs does not "
            "collapse (unset if OMP_WAIT_POLICY is)"),

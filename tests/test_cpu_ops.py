@@ -1,4 +1,4 @@
-"""The compiled CPU ops (minivllm/_C.py, csrc/cpu/ops.c) against PyTorch references, op by op.
+"""The compiled CPU ops (minivllm/_C.py, csrc/cpu/*.c) against PyTorch references, op by op.
 
 Each op is run on shapes that reach its special cases (strided rows, tails of a panel or a row
 tile, grouped query heads, head sizes with and without the vector path) and compared with the
@@ -27,6 +27,16 @@ def test_rms_norm_matches_the_hf_formula_on_strided_rows():
     w = torch.randn(576)
     ref = w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5))
     torch.testing.assert_close(_C.rms_norm(x, w, 1e-5), ref, rtol=1e-6, atol=1e-6)
+
+
+def test_rms_norm_takes_other_layouts_by_copying_them_to_rows():
+    torch.manual_seed(0)
+    x = torch.randn(64, 2, 5).permute(1, 2, 0)  # [2, 5, 64], each token's 64 values 10 floats apart
+    w = torch.randn(64)
+    out = _C.rms_norm(x, w, 1e-5)
+    assert out.shape == (2, 5, 64)
+    torch.testing.assert_close(out, w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5)),
+                               rtol=1e-6, atol=1e-6)
 
 
 def test_fused_add_rms_norm_adds_the_residual_then_normalises_in_place():
@@ -159,10 +169,13 @@ def test_reshape_and_cache_writes_each_token_to_its_slot_and_skips_padding():
 
 
 def test_the_plain_c_paths_agree_too(tmp_path, monkeypatch):
-    """Built without AVX-512, the generic loops take over; they must compute the same as the vector paths."""
+    """Built without AVX-512, every file's scalar path serves; it must compute the same as the vector paths."""
     path = tmp_path / "generic.so"
     ops_build.build(path, extra_flags=("-mno-avx512f",))
     monkeypatch.setattr(_C, "_lib", _C.open_library(path))
+    test_rms_norm_matches_the_hf_formula_on_strided_rows()
+    test_fused_add_rms_norm_adds_the_residual_then_normalises_in_place()
+    test_reshape_and_cache_writes_each_token_to_its_slot_and_skips_padding()
     for layout in [(9, 3, 64, 16), (16, 1, 80, 16)]:
         test_paged_attention_reads_history_through_the_block_table(*layout)
     for m in (1, 9):

@@ -142,7 +142,7 @@ def test_a_library_missing_a_symbol_warns_and_falls_back(fresh_ops, tmp_path, mo
     """Built and recorded by us, but from a source lacking silu_and_mul: no AttributeError escapes."""
     source = tmp_path / "partial_ops.c"
     source.write_text("void rms_norm(void) {}\n")
-    monkeypatch.setattr(ops_build, "SOURCE", source)
+    monkeypatch.setattr(ops_build, "SOURCES", (source,))
     assert not _C.available() and not _C.usable(torch.zeros(1))
     assert len(fresh_ops) == 1 and "lacks a function minivllm calls" in fresh_ops[0]
     assert "MINIVLLM_CPU_KERNELS=0" in fresh_ops[0]

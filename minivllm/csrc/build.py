@@ -1,8 +1,11 @@
 """Build, verify and find the compiled CPU op library that minivllm/_C.py loads.
 
-csrc/cpu/ops.c is compiled with the system's C compiler the first time an engine starts on the
-CPU (about a second) and cached under MINIVLLM_CACHE_DIR/ops/, keyed by the source, the flags and
-the CPU's instruction-set flags (-march=native).
+The files of csrc/cpu/ (SOURCES, split by vLLM's csrc/cpu names, and their two headers) are compiled
+together into one shared library with the system's C compiler the first time an engine starts on the
+CPU (a second or two) and cached under MINIVLLM_CACHE_DIR/ops/, keyed by the sources, the flags and
+the CPU's instruction-set flags. -march=native lets each file take the build machine's AVX-512 and
+AVX512_BF16 paths where the CPU has them, and its plain-C path where it does not (the tests build
+that one too, with -mno-avx512f).
 
 Never load a library we did not build: loading runs its constructors, so a file planted at the
 predictable cache path would run as the user. The cache dir and ops/ are created 0o700 and refused
@@ -28,25 +31,29 @@ from minivllm import envs, platforms
 
 logger = logging.getLogger("minivllm")
 
-SOURCE = Path(__file__).parent / "cpu" / "ops.c"
+CPU_DIR = Path(__file__).parent / "cpu"
+SOURCES = tuple(CPU_DIR / name for name in ("cache.c", "cpu_attn.c", "layernorm.c", "activation.c",
+                                            "pos_encoding.c", "gemm.c"))
+HEADERS = (CPU_DIR / "cpu_types.h", CPU_DIR / "ops.h")
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math",
           "-std=c11", "-fPIC", "-shared"]
 
 
 def library_path() -> Path:
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(CFLAGS).encode() + platforms.cpu_id().encode()).hexdigest()[:16]
+    code = b"".join(path.read_bytes() for path in (*SOURCES, *HEADERS))
+    key = hashlib.sha256(code + " ".join(CFLAGS).encode() + platforms.cpu_id().encode()).hexdigest()[:16]
     return envs.cache_dir() / "ops" / f"minivllm_cpu_ops-{key}.so"
 
 
 def build(path: Path, extra_flags: tuple[str, ...] = ()) -> str:
-    """Compile ops.c into `path` (atomically: a half-written library is never loaded); return its sha256."""
+    """Compile SOURCES into one library at `path` (atomically: never half-written); return its sha256."""
     compiler = envs.c_compiler() or shutil.which("gcc") or shutil.which("cc")
     if compiler is None:
         raise RuntimeError("no C compiler found (set CC, or install gcc)")
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
         target = Path(tmp) / path.name
-        result = subprocess.run([compiler, *CFLAGS, *extra_flags, str(SOURCE), "-o", str(target), "-lm"],
+        result = subprocess.run([compiler, *CFLAGS, *extra_flags, *map(str, SOURCES), "-o", str(target), "-lm"],
                                 capture_output=True, text=True, timeout=300)
         if result.returncode != 0:
             raise RuntimeError(f"{compiler} failed:\n{result.stderr.strip()}")

@@ -35,7 +35,7 @@ class EngineCore:
         hf_config = load_config(model_folder)
         self.max_model_len = max_model_len_for(config, hf_config)
         self.block_size = config.block_size
-        self.attention_backend = get_attn_backend_name(config.attention_backend, config.device)
+        self.attention_backend = get_attn_backend_name(config.attention_backend, config.device, config.dtype)
         # The executor starts the workers; each loads the model, then the KV cache is sized from what is left.
         self.model_executor = Executor.get_class(config)(config, model_folder)
         self.num_gpu_blocks = self._initialize_kv_caches(config, hf_config)

@@ -5,8 +5,9 @@ RMSNorm normalises in float32; rotary tables are built in float32 from the
 same inverse frequencies and indexed by each packed token's position.
 RMSNorm (with the residual add fused in, as vLLM's fused_add_rms_norm),
 SiluAndMul and the rotary embedding are CustomOps: `forward_native` is the
-PyTorch formula, `forward_cpu` the compiled op (minivllm/_C.py) that serves
-float32 and bfloat16 on the CPU, and CustomOp.forward picks between them (custom_op.py). Left out: rope scaling variants other than "default" and "llama3".
+PyTorch formula, `forward_cpu` the compiled op (minivllm/_C.py), and which one
+runs is picked once, in minivllm/_custom_ops.py, as is PackedLinear's GEMM.
+Left out: rope scaling variants other than "default" and "llama3".
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from minivllm import _C
+from minivllm import _custom_ops as ops
 from minivllm.models.custom_op import CustomOp
 
 
@@ -30,13 +32,10 @@ class RMSNorm(CustomOp):
         self.eps = eps
 
     def forward_cpu(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        if _C.usable(x, self.weight) and x.dim() == 2 and x.stride(1) == 1:
-            if residual is None:
-                return _C.rms_norm(x, self.weight, self.eps)
-            if x.is_contiguous() and residual.is_contiguous():
-                _C.fused_add_rms_norm(x, residual, self.weight, self.eps)  # in place: residual += x; x = norm(residual)
-                return x, residual
-        return self.forward_native(x, residual)
+        if residual is None:
+            return _C.rms_norm(x, self.weight, self.eps)
+        _C.fused_add_rms_norm(x, residual, self.weight, self.eps)  # in place: residual += x; x = norm(residual)
+        return x, residual
 
     def forward_native(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         if residual is not None:
@@ -57,7 +56,7 @@ class SiluAndMul(CustomOp):
     """x [num_tokens, 2 * d] -> silu(x[:, :d]) * x[:, d:]: the gated MLP's activation in one pass."""
 
     def forward_cpu(self, x: torch.Tensor) -> torch.Tensor:
-        return _C.silu_and_mul(x) if _C.usable(x) else self.forward_native(x)
+        return _C.silu_and_mul(x)
 
     def forward_native(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = x.chunk(2, dim=-1)
@@ -97,10 +96,8 @@ class RotaryEmbedding(CustomOp):
 
     # positions [num_tokens]; q [num_tokens, num_heads, head_dim]; k [num_tokens, num_kv_heads, head_dim]
     def forward_cpu(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-        if _C.usable(q, k, self.cos_cache) and _C.heads_contiguous(q, k):
-            _C.rotary_embedding(positions, q, k, self.cos_cache, self.sin_cache)  # in place
-            return q, k
-        return self.forward_native(positions, q, k)
+        _C.rotary_embedding(positions, q, k, self.cos_cache, self.sin_cache)  # in place
+        return q, k
 
     def forward_native(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         if self._last is None or self._last[0] is not positions:  # every layer of a step shares one lookup
@@ -119,31 +116,27 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 class PackedLinear(nn.Module):
     """A Linear whose weight is pre-packed once for the CPU's GEMMs: in float32 two layouts, one per batch size.
 
-    Up to SMALL_BATCH rows (every decode step) the compiled small-batch kernel streams its own panel
-    layout (minivllm/_C.py, csrc/cpu/ops.c); on this kind of CPU it runs 1.2-1.8x faster than oneDNN
-    at 1-32 rows and level with it up to 256. Bigger batches (prefill) go to oneDNN with its packed
-    weight, which is itself 1.3x faster than the default MKL path. In bfloat16 every batch goes to
-    oneDNN's packed bf16 GEMM (AVX512_BF16 or AMX where the CPU has them, float32 accumulation), which
-    runs 1.6-2.2x faster than the float32 kernels at every batch size measured (1-2048 rows). The
-    packing is a layout change only; results agree with nn.Linear to the dtype's rounding.
+    Up to _custom_ops.SMALL_BATCH rows (every decode step) the compiled small-batch kernel streams its
+    own panel layout (csrc/cpu/gemm.c; _custom_ops.cpu_linear picks by rows); on this kind of CPU it
+    runs 1.2-1.8x faster than oneDNN at 1-32 rows and level with it up to 256. Bigger batches (prefill)
+    go to oneDNN with its packed weight, which is itself 1.3x faster than the default MKL path. In
+    bfloat16 every batch goes to oneDNN's packed bf16 GEMM (AVX512_BF16 or AMX where the CPU has them,
+    float32 accumulation), which runs 1.6-2.2x faster than the float32 kernels at every batch size
+    measured (1-2048 rows). The packing is a layout change only; results agree with nn.Linear to the
+    dtype's rounding.
     """
-    SMALL_BATCH = 256
 
     def __init__(self, linear: nn.Linear, batch_size_hint: int = 4096) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), batch_size_hint)
-        fp32 = linear.weight.dtype == torch.float32
-        self.panels = _C.pack_linear_weight(linear.weight) if fp32 and _C.available() else None
+        self.panels = ops.pack_small_batch_linear(linear.weight)  # None: every batch goes to oneDNN
         self.bias = None if linear.bias is None else linear.bias.detach()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x = x.reshape(-1, self.in_features)
-        if self.panels is not None and x.shape[0] <= self.SMALL_BATCH:
-            out = _C.linear_small_batch(x, self.panels, self.bias, self.out_features)
-        else:
-            out = torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        out = ops.cpu_linear(x, self.packed, self.panels, self.bias, self.out_features)
         return out.view(*shape[:-1], self.out_features)
 
 

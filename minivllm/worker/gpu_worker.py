@@ -75,7 +75,7 @@ class Worker:
         model = get_model(self.model_folder, hf_config, max_model_len, _DTYPES[config.dtype], config.device)
         self.model_runner = GPUModelRunner(
             model, block_size=config.block_size, max_num_reqs=config.max_num_seqs, max_model_len=max_model_len,
-            attention_backend=get_attn_backend_name(config.attention_backend, config.device),
+            attention_backend=get_attn_backend_name(config.attention_backend, config.device, config.dtype),
             device=config.device, seed=config.seed)
 
     def determine_available_memory(self) -> int:

@@ -1,9 +1,12 @@
-"""Mirror of vllm/v1/attention/backends/cpu_attn.py: attention through the compiled CPU kernel.
+"""Mirror of vllm/v1/attention/backends/cpu_attn.py: attention through the compiled CPU kernels, and only them.
 
-Every query token of the step goes to one kernel call per layer (minivllm/_C.py, csrc/cpu/ops.c),
-which reads each request's history in place through block_table, with no gather, and the K/V
-write goes by slot_mapping in C too. Tensors the kernel does not take (not float32, a layout it
-cannot stride through, no compiled library) are served by the PyTorch reference it extends.
+The K/V write is C by slot_mapping (_C.reshape_and_cache, csrc/cpu/cache.c); the read is one C call per
+layer for every query token of the step (_C.paged_attention, csrc/cpu/cpu_attn.c), which reads each
+request's history in place through block_table, with no gather. The backend is chosen only where the
+kernels serve the run (minivllm/_custom_ops.py decides, once); a tensor they cannot take is a ValueError
+naming the fix, never a silent detour through the PyTorch backend.
+Left out: vLLM's ISA choice per step (AMX, VEC, VEC16; ours is fixed by the build), sliding windows, ALiBi,
+soft-capping, sinks, fp8 caches, cascade attention.
 """
 from __future__ import annotations
 
@@ -12,7 +15,6 @@ from dataclasses import dataclass
 import torch
 
 from minivllm import _C
-from minivllm.attention.backends.torch_attn import TorchAttentionImpl
 from minivllm.attention.backends.utils import AttentionMetadata
 
 
@@ -39,26 +41,21 @@ def plan_queries(md: AttentionMetadata) -> QueryPlan:
     return QueryPlan(torch.arange(num_tokens, device=device), req_index, kv_lens.to(torch.int32), md.max_seq_len)
 
 
-class CPUAttentionImpl(TorchAttentionImpl):
+class CPUAttentionImpl:
     def __init__(self) -> None:
-        super().__init__()
         self._query_plan: tuple[AttentionMetadata, QueryPlan] | None = None
 
     def do_kv_cache_update(self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
                            slot_mapping: torch.Tensor) -> None:
-        if _C.usable(key, kv_cache) and _C.heads_contiguous(key, value):
-            _C.reshape_and_cache(key, value, kv_cache[0], kv_cache[1], slot_mapping)
-        else:
-            super().do_kv_cache_update(key, value, kv_cache, slot_mapping)
+        """The write path, in C: token i's K/V lands in slot slot_mapping[i] (-1 is padding, skipped)."""
+        _C.reshape_and_cache(key, value, kv_cache[0], kv_cache[1], slot_mapping)
 
     def forward(self, layer, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
                 attn_metadata: AttentionMetadata, output: torch.Tensor) -> torch.Tensor:
-        key_cache, value_cache = kv_cache[0], kv_cache[1]
-        if not (_C.usable(query, key_cache) and _C.heads_contiguous(query, output)):
-            return super().forward(layer, query, key, value, kv_cache, attn_metadata, output)
+        """The read path, in C: every query token reads its history through block_table, in one call."""
         if self._query_plan is None or self._query_plan[0] is not attn_metadata:  # once per step
             self._query_plan = (attn_metadata, plan_queries(attn_metadata))
         p = self._query_plan[1]
-        _C.paged_attention(output, query, key_cache, value_cache, attn_metadata.block_table, p.token_index,
+        _C.paged_attention(output, query, kv_cache[0], kv_cache[1], attn_metadata.block_table, p.token_index,
                            p.req_index, p.kv_lens, p.max_kv_len, layer.scale)
         return output

@@ -1,0 +1,93 @@
+/* Mirror of vLLM's csrc/cpu/sgl-kernels/gemm.cpp (convert_weight_packed, weight_packed_linear), flattened
+ * to csrc/cpu/: a float32 GEMM for decode-sized batches, out [m, n] = x [m, k] @ W^T + bias.
+ *
+ * Design: a decode step multiplies a few dozen rows by every weight of the model, so its GEMMs
+ * are bound by streaming the weights, and a library GEMM tuned for big m leaves bandwidth unused.
+ * W [n, k] is repacked once into panels of 32 output columns, [cdiv(n, 32)][k][32], so one panel
+ * is read front to back as a single stream. For each panel, rows of x are taken 8 at a time: 8 x 32
+ * accumulators live in registers while k runs, each step loading 32 weights once and broadcasting
+ * one x value per row. Threads split the panels; a panel re-read for the next 8 rows hits the cache.
+ *
+ * The scalar tile comes first; with AVX-512 the same tile keeps its accumulators in registers.
+ * Left out: bf16 and int8/fp8 weights (bf16 GEMMs go to oneDNN), AMX tiles, fused activations.
+ */
+#include "cpu_types.h"
+#include "ops.h"
+
+#define PANEL 32
+#define ROWS 8
+
+int64_t panel_width(void) { return PANEL; }  /* the packed layout's panel, read by _C.py */
+
+void pack_linear_weight(float *packed, const float *weight, int64_t n, int64_t k) {
+    int64_t panels = (n + PANEL - 1) / PANEL;
+#pragma omp parallel for schedule(static)
+    for (int64_t p = 0; p < panels; p++)
+        for (int64_t kk = 0; kk < k; kk++)
+            for (int64_t j = 0; j < PANEL; j++) {
+                int64_t col = p * PANEL + j;
+                packed[(p * k + kk) * PANEL + j] = col < n ? weight[col * k + kk] : 0.0f;
+            }
+}
+
+/* One tile: `rows` (<= ROWS) rows of x times one panel, plus bias, into the first `cols` columns of out. */
+#ifndef __AVX512F__
+AI void linear_tile(float *out, int64_t out_stride, const float *x, int64_t x_stride, const float *panel, int64_t k,
+                    const float *bias, int64_t cols, int rows) {
+    float acc[ROWS][PANEL] = {{0}};
+    for (int64_t kk = 0; kk < k; kk++)
+        for (int r = 0; r < rows; r++) {
+            float xv = x[r * x_stride + kk];
+#pragma omp simd
+            for (int j = 0; j < PANEL; j++) acc[r][j] = fmaf(xv, panel[kk * PANEL + j], acc[r][j]);
+        }
+    for (int r = 0; r < rows; r++)
+        for (int64_t j = 0; j < cols; j++) out[r * out_stride + j] = acc[r][j] + (bias ? bias[j] : 0.0f);
+}
+#else
+AI void linear_tile(float *out, int64_t out_stride, const float *x, int64_t x_stride, const float *panel, int64_t k,
+                    const float *bias, int64_t cols, int rows) {
+    __m512 acc[ROWS][2];
+    for (int r = 0; r < rows; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    for (int64_t kk = 0; kk < k; kk++) {
+        __m512 w0 = _mm512_loadu_ps(panel + kk * PANEL), w1 = _mm512_loadu_ps(panel + kk * PANEL + 16);
+        for (int r = 0; r < rows; r++) {
+            __m512 xv = _mm512_set1_ps(x[r * x_stride + kk]);
+            acc[r][0] = _mm512_fmadd_ps(xv, w0, acc[r][0]);
+            acc[r][1] = _mm512_fmadd_ps(xv, w1, acc[r][1]);
+        }
+    }
+    __mmask16 m0 = cols >= 16 ? 0xFFFF : (__mmask16)((1u << cols) - 1);
+    __mmask16 m1 = cols >= 32 ? 0xFFFF : cols <= 16 ? 0 : (__mmask16)((1u << (cols - 16)) - 1);
+    __m512 b0 = bias ? _mm512_maskz_loadu_ps(m0, bias) : _mm512_setzero_ps();
+    __m512 b1 = bias ? _mm512_maskz_loadu_ps(m1, bias + 16) : _mm512_setzero_ps();
+    for (int r = 0; r < rows; r++) {
+        _mm512_mask_storeu_ps(out + r * out_stride, m0, _mm512_add_ps(acc[r][0], b0));
+        _mm512_mask_storeu_ps(out + r * out_stride + 16, m1, _mm512_add_ps(acc[r][1], b1));
+    }
+}
+#endif
+
+void linear_small_batch(float *out, const float *x, const float *packed, const float *bias, int64_t m, int64_t n,
+                        int64_t k, int64_t x_stride) {
+    int64_t panels = (n + PANEL - 1) / PANEL;
+#pragma omp parallel for schedule(static)
+    for (int64_t p = 0; p < panels; p++) {
+        const float *panel = packed + p * k * PANEL, *b = bias ? bias + p * PANEL : NULL;
+        int64_t cols = n - p * PANEL < PANEL ? n - p * PANEL : PANEL;
+        for (int64_t r0 = 0; r0 < m; r0 += ROWS) {
+            float *o = out + r0 * n + p * PANEL;
+            const float *xr = x + r0 * x_stride;
+            switch (m - r0 < ROWS ? m - r0 : ROWS) {  /* constant row counts let the tile stay in registers */
+                case 1: linear_tile(o, n, xr, x_stride, panel, k, b, cols, 1); break;
+                case 2: linear_tile(o, n, xr, x_stride, panel, k, b, cols, 2); break;
+                case 3: linear_tile(o, n, xr, x_stride, panel, k, b, cols, 3); break;
+                case 4: linear_tile(o, n, xr, x_stride, panel, k, b, cols, 4); break;
+                case 5: linear_tile(o, n, xr, x_stride, panel, k, b, cols, 5); break;
+                case 6: linear_tile(o, n, xr, x_stride, panel, k, b, cols, 6); break;
+                case 7: linear_tile(o, n, xr, x_stride, panel, k, b, cols, 7); break;
+                default: linear_tile(o, n, xr, x_stride, panel, k, b, cols, 8); break;
+            }
+        }
+    }
+}
