@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpu_env import DEVICE, skip_without_device
+from gpu_env import DEVICE, gpu_llama_folder, gpu_opt_folder, skip_without_device, tokenizer_dir  # noqa: F401 (fixtures)
 
 from minivllm import LLM, SamplingParams
 
