@@ -1,6 +1,6 @@
-"""Mirror of vllm/v1/engine/processor.py (`Processor`, renamed `InputProcessor` in newer vLLM): the one front end.
+"""Mirror of vllm/v1/engine/processor.py (`Processor`; newer vLLM: input_processor.py, `InputProcessor`).
 
-Both caller-side engines, LLMEngine (offline, LLM) and AsyncLLM (the server), turn a prompt into
+The one front end. Both caller-side engines, LLMEngine (offline, LLM) and AsyncLLM (the server), turn a prompt into
 EngineCoreRequests here and nowhere else: normalise the prompt (`parse_prompt`: a string, token
 ids, {"prompt": text} or {"prompt_token_ids": ids}), tokenize, validate against the engine's limits
 (prompt length vs max_model_len and the KV pool, token ids inside the vocabulary with vLLM's

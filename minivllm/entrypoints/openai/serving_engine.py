@@ -1,6 +1,7 @@
 """Mirror of vllm/entrypoints/openai/serving_engine.py (and serving_models.py): what both endpoints share.
 
-OpenAIServing checks the model name, tokenizes a prompt on the engine's tokenizer thread, fits
+OpenAIServing checks the model name, checks params with the engine's own Processor (engine/processor.py,
+the front end LLM uses too), tokenizes a prompt on the engine's tokenizer thread, fits
 max_tokens to max_model_len as vLLM's server does (null: up to max_model_len; prompt + max_tokens over
 it: a 400), turns an exception into an OpenAI error object with its HTTP status, counts usage, and
 frames a stream as Server-Sent Events. Errors: a bad field or prompt is a ValueError -> 400
