@@ -8,32 +8,27 @@ admitting a new request happen while EngineCore runs a step in its own process; 
 and checking (process_inputs) run on one worker thread, as vLLM's async tokenizer, so a long
 prompt never holds the event loop; EngineCore takes the request between two steps. A generator
 that is closed early (the HTTP client went away) aborts its request, and EngineCore frees its
-blocks before its next step. dtype "auto" is resolved here once, as LLMEngine does.
+blocks before its next step. The config (dtype "auto") is resolved and every prompt is turned into an
+EngineCoreRequest by the same code as LLMEngine's: engine/processor.py, through LLMEngine.__init__.
 
-Where we differ from vLLM: AsyncLLM inherits LLMEngine's input checks and output processor (vLLM
-shares InputProcessor and OutputProcessor between the two classes instead), outputs are always
+Where we differ from vLLM: AsyncLLM subclasses LLMEngine for its construction, Processor and output
+processor (vLLM's two classes each build a Processor and an OutputProcessor), outputs are always
 cumulative (the serving layer cuts the deltas; vLLM can ask for RequestOutputKind.DELTA), and
 EngineCore always runs in a child process. Left out: pooling, LoRA, data parallelism, pause/resume.
 """
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import itertools
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import AsyncGenerator
 
-from minivllm.config import EngineConfig, default_sampling_overrides
-from minivllm.core.kv_cache_utils import resolve_sizes
+from minivllm.config import EngineConfig
 from minivllm.engine.core_client import AsyncMPClient, EngineDeadError
 from minivllm.engine.llm_engine import LLMEngine
-from minivllm.engine.output_processor import OutputProcessor
 from minivllm.metrics.loggers import PrometheusStatLogger
-from minivllm.models.loader import load_config, resolve_model
 from minivllm.outputs import RequestOutput
-from minivllm.platforms import resolve_dtype
 from minivllm.sampling_params import SamplingParams
 
 logger = logging.getLogger("minivllm")
@@ -68,19 +63,7 @@ class RequestOutputCollector:
 
 class AsyncLLM(LLMEngine):
     def __init__(self, config: EngineConfig, served_model_name: str | None = None) -> None:
-        from transformers import AutoTokenizer
-        self.model_folder = resolve_model(config.model)
-        self.hf_config = load_config(self.model_folder)
-        dtype = resolve_dtype(config.dtype, getattr(self.hf_config, "dtype", None), config.device)
-        self.config = config = dataclasses.replace(config, dtype=dtype)  # "auto" resolved once, as LLMEngine
-        resolve_sizes(config, self.hf_config)
-        self.tokenizer = AutoTokenizer.from_pretrained(self.model_folder)
-        self.sampling_overrides = default_sampling_overrides(self.model_folder, config.generation_config)
-        self.engine_core = AsyncMPClient(config, self.model_folder)
-        self.info = self.engine_core.info
-        self.output_processor = OutputProcessor(self.tokenizer)
-        self._request_counter = itertools.count()
-        self.tracer = None
+        super().__init__(config)  # the same resolved EngineConfig, tokenizer and Processor as LLMEngine
         self.served_model_name = served_model_name or config.model or DEFAULT_MODEL_NAME
         self.stat_logger = PrometheusStatLogger(self.served_model_name)
         self.collectors: dict[str, RequestOutputCollector] = {}
@@ -88,6 +71,9 @@ class AsyncLLM(LLMEngine):
         self.dead_error: EngineDeadError | None = None
         # vLLM's AsyncMicrobatchTokenizer runs on one thread too: tokenization off the event loop, in order
         self.input_executor = ThreadPoolExecutor(1, thread_name_prefix="minivllm-tokenizer")
+
+    def _make_engine_core(self, multiprocess: bool | None) -> AsyncMPClient:
+        return AsyncMPClient(self.config, self.model_folder)  # EngineCore always in its own process here
 
     async def run_in_input_thread(self, fn, *args):
         """Run fn(*args) on the tokenizer thread (tokenizing, rendering checks) and await its result."""

@@ -15,6 +15,8 @@ from tqdm import tqdm
 
 from minivllm.engine.arg_utils import EngineArgs
 from minivllm.engine.llm_engine import LLMEngine
+from minivllm.engine.processor import parse_prompts
+from minivllm.entrypoints.chat_utils import apply_hf_chat_template, prepare_chat_render
 from minivllm.logger import init_logger
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import SamplingParams
@@ -54,7 +56,7 @@ class LLM:
     def generate(self, prompts: PromptType | Sequence[PromptType],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool = True, priority: list[int] | None = None) -> list[RequestOutput]:
-        prompts = _as_prompt_list(prompts)
+        prompts = parse_prompts(prompts)  # the same normalisation as /v1/completions
         if sampling_params is None:  # as vLLM: the model's own defaults (generation_config="auto")
             sampling_params = self.get_default_sampling_params()
         params = _as_params_list(sampling_params, len(prompts))
@@ -80,25 +82,24 @@ class LLM:
 
         As vLLM: the template is the tokenizer's unless `chat_template` (Jinja text) is given; the
         rendered text is the output's `prompt` and is tokenized without adding special tokens again.
+        Messages and options go through chat_utils.prepare_chat_render, as /v1/chat/completions.
         """
         tokenizer = self.get_tokenizer()
-        if chat_template is None and tokenizer.chat_template is None:
-            raise ValueError("This model's tokenizer has no chat template: pass chat_template=..., or use "
-                             "generate() with plain prompts.")
-        if add_generation_prompt and continue_final_message:
-            raise ValueError("continue_final_message=True extends the last message, add_generation_prompt=True "
-                             "starts a new one: set add_generation_prompt=False.")
-        conversations = [messages] if messages and isinstance(messages, list) and isinstance(messages[0], dict) \
+        conversations = [messages] if isinstance(messages, list) and messages and isinstance(messages[0], dict) \
             else messages
-        _check_conversations(conversations)
+        if not isinstance(conversations, list) or not conversations:
+            raise ValueError(f"chat() takes a conversation (a list of {{'role', 'content'}} dicts) or a list of them, "
+                             f"got {type(conversations).__name__}.")
+        # every conversation through the server's code path (chat_utils); rendered here, as the caller is trusted
+        renders = [prepare_chat_render(conversation, tokenizer_template=tokenizer.chat_template,
+                                       chat_template=chat_template, add_generation_prompt=add_generation_prompt,
+                                       continue_final_message=continue_final_message,
+                                       chat_template_kwargs=chat_template_kwargs)
+                   for conversation in conversations]
         prompts = []
-        for conversation in conversations:
-            text = tokenizer.apply_chat_template(conversation, chat_template=chat_template, tokenize=False,
-                                                 add_generation_prompt=add_generation_prompt,
-                                                 continue_final_message=continue_final_message,
-                                                 **(chat_template_kwargs or {}))
-            prompts.append({"prompt": text,
-                            "prompt_token_ids": tokenizer.encode(text, add_special_tokens=False)})
+        for render in renders:
+            text = apply_hf_chat_template(tokenizer, render)
+            prompts.append({"prompt": text, "prompt_token_ids": tokenizer.encode(text, add_special_tokens=False)})
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
     def _run_engine(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
@@ -127,40 +128,6 @@ class LLM:
 
     def __exit__(self, *exc) -> None:
         self.shutdown()
-
-
-def _as_prompt_list(prompts) -> list[PromptType]:
-    if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
-        return [prompts]
-    prompts = list(prompts)
-    if not prompts:
-        raise ValueError("No prompts given: pass a string, a list of strings, or lists of token ids.")
-    for p in prompts:
-        if not isinstance(p, (str, list, dict)):
-            raise ValueError(f"A prompt must be a string, a list of token ids, or a dict with 'prompt' or "
-                             f"'prompt_token_ids', got {type(p).__name__}.")
-        if len(p) == 0:
-            raise ValueError("A prompt is empty: pass some text or token ids.")
-    return prompts
-
-
-def _check_conversations(conversations) -> None:
-    """Each conversation is a list of {"role": str, "content": str} dicts, as the OpenAI chat format."""
-    if not isinstance(conversations, list) or not conversations:
-        raise ValueError(f"chat() takes a conversation (a list of {{'role', 'content'}} dicts) or a list of them, "
-                         f"got {type(conversations).__name__}.")
-    for conversation in conversations:
-        if not isinstance(conversation, list) or not conversation:
-            raise ValueError(f"A conversation must be a non-empty list of message dicts like "
-                             f"{{'role': 'user', 'content': 'Hello'}}, got {conversation!r}.")
-        for i, message in enumerate(conversation):
-            if not isinstance(message, dict):
-                raise ValueError(f"Message {i} must be a dict like {{'role': 'user', 'content': 'Hello'}}, got "
-                                 f"{message!r}.")
-            for key in ("role", "content"):
-                if not isinstance(message.get(key), str):
-                    raise ValueError(f"Message {i} needs a string {key!r}: a message is "
-                                     f"{{'role': 'user', 'content': 'Hello'}}, got {message!r}.")
 
 
 def _as_params_list(sampling_params, n: int) -> list[SamplingParams]:

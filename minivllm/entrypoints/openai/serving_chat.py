@@ -3,7 +3,8 @@
 The conversation is rendered with the model's chat template (or the request's `chat_template`, only
 on a server started with --trust-request-chat-template, as vLLM) in a child process bounded in time,
 memory and output (minivllm/entrypoints/chat_utils.py), and tokenized on the engine's tokenizer thread
-without adding special tokens again, as LLM.chat; then it is one engine request with n samples.
+without adding special tokens again; messages and options go through prepare_chat_render, the code
+LLM.chat runs too. Then it is one engine request with n samples.
 Streamed: a first chunk per choice carries `role: assistant`, then one chunk per step with the new
 content, the last (once per choice) with its finish_reason, then the usage chunk if asked for.
 Left out, and refused by name: tools and tool_choice, response_format; left out: reasoning parsers,
@@ -15,8 +16,7 @@ import asyncio
 from concurrent.futures import ThreadPoolExecutor
 from typing import AsyncGenerator
 
-from minivllm.entrypoints.chat_utils import ChatTemplateRenderer, parse_chat_messages
-
+from minivllm.entrypoints.chat_utils import ChatTemplateRenderer, prepare_chat_render
 from minivllm.entrypoints.openai.protocol import (ChatCompletionLogProb, ChatCompletionLogProbs,
                                                   ChatCompletionLogProbsContent, ChatCompletionRequest,
                                                   ChatCompletionResponse, ChatCompletionResponseChoice,
@@ -38,25 +38,14 @@ class OpenAIServingChat(OpenAIServing):
         self.render_executor.shutdown(wait=False, cancel_futures=True)
 
     async def render(self, request: ChatCompletionRequest, params) -> tuple[dict, object]:
-        tokenizer = self.engine_client.tokenizer
-        options = {"add_generation_prompt": request.add_generation_prompt,
-                   "continue_final_message": request.continue_final_message, **(request.chat_template_kwargs or {})}
-        template = request.chat_template if request.chat_template is not None else options.pop("chat_template", None)
-        options.pop("chat_template", None)
-        if not self.trust_request_chat_template and template is not None:
-            raise ValueError("Chat template is passed with request, but --trust-request-chat-template is not set. "
-                             "Refused request with untrusted chat template.")  # vLLM's message
-        if template is None and tokenizer.chat_template is None:
-            raise ValueError("This model's tokenizer has no chat template: pass chat_template in the request, "
-                             "or use /v1/completions.")
-        if options["add_generation_prompt"] and options["continue_final_message"]:
-            raise ValueError("continue_final_message=true extends the last message, add_generation_prompt=true "
-                             "starts a new one: set add_generation_prompt=false.")
-        if not request.messages:
-            raise ValueError("messages is empty: send at least one {'role': 'user', 'content': ...} message.")
-        messages = parse_chat_messages(request.messages)
-        text = await asyncio.get_running_loop().run_in_executor(
-            self.render_executor, lambda: self.renderer.render(messages, template, **options))
+        """The same conversation parsing and options as LLM.chat (prepare_chat_render), rendered in the child."""
+        render = prepare_chat_render(request.messages, tokenizer_template=self.engine_client.tokenizer.chat_template,
+                                     chat_template=request.chat_template,
+                                     add_generation_prompt=request.add_generation_prompt,
+                                     continue_final_message=request.continue_final_message,
+                                     chat_template_kwargs=request.chat_template_kwargs,
+                                     trust_chat_template=self.trust_request_chat_template)
+        text = await asyncio.get_running_loop().run_in_executor(self.render_executor, self.renderer.render, render)
         return await self.prepare_prompt(text, params, add_special_tokens=False)
 
     async def create_chat_completion(self, request: ChatCompletionRequest, request_id: str | None = None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import AsyncGenerator
 
+from minivllm.engine.processor import parse_prompts
 from minivllm.entrypoints.openai.protocol import (MAX_PROMPTS, CompletionLogProbs, CompletionRequest,
                                                   CompletionResponse, CompletionResponseChoice)
 from minivllm.entrypoints.openai.serving_engine import AbortOnClose, OpenAIServing, merge_async_iterators, sse
@@ -32,11 +33,7 @@ class OpenAIServingCompletion(OpenAIServing):
         """Check and submit every prompt (a ValueError here is a 400), then answer whole or as a stream."""
         self.check_model(request.model)
         params = request.to_sampling_params(self.default_sampling_params)
-        prompts = request.prompt
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
-        if not prompts:
-            raise ValueError("prompt is empty: pass a string, a list of strings, or token ids.")
+        prompts = parse_prompts(request.prompt)  # as LLM.generate: one prompt or a batch, each text or token ids
         if len(prompts) > MAX_PROMPTS:
             raise ValueError(f"prompt holds {len(prompts)} prompts, more than {MAX_PROMPTS}: split the request.")
         self.check_params(params)

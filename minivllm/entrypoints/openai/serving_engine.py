@@ -1,6 +1,7 @@
 """Mirror of vllm/entrypoints/openai/serving_engine.py (and serving_models.py): what both endpoints share.
 
-OpenAIServing checks the model name, tokenizes a prompt on the engine's tokenizer thread, fits
+OpenAIServing checks the model name, checks params with the engine's own Processor (engine/processor.py,
+the front end LLM uses too), tokenizes a prompt on the engine's tokenizer thread, fits
 max_tokens to max_model_len as vLLM's server does (null: up to max_model_len; prompt + max_tokens over
 it: a 400), turns an exception into an OpenAI error object with its HTTP status, counts usage, and
 frames a stream as Server-Sent Events. Errors: a bad field or prompt is a ValueError -> 400
@@ -20,6 +21,7 @@ from typing import AsyncGenerator, AsyncIterator
 
 from minivllm.engine.async_llm import AsyncLLM
 from minivllm.engine.core_client import EngineDeadError
+from minivllm.engine.processor import short
 from minivllm.entrypoints.openai.protocol import (ErrorInfo, ErrorResponse, PromptTokenUsageInfo, UsageInfo,
                                                   random_uuid)
 from minivllm.outputs import RequestOutput
@@ -113,29 +115,18 @@ def max_chars_per_token(tokenizer) -> int:
     return max(len(text) for text in tokenizer.batch_decode([[i] for i in range(len(tokenizer))]))
 
 
-def short(value, limit: int = 24) -> str:
-    """A value for an error message, cut to one short line: 10**4000 is not echoed digit by digit."""
-    text = str(value)
-    return text if len(text) <= limit else text[:limit] + f"...({len(text)} chars)"
-
-
 class OpenAIServing:
     def __init__(self, engine_client: AsyncLLM, served_model_name: str) -> None:
         self.engine_client = engine_client
         self.served_model_name = served_model_name
         self.default_sampling_params = dict(engine_client.sampling_overrides)
         self.max_model_len = engine_client.info["max_model_len"]
-        self.vocab_size = engine_client.hf_config.vocab_size
         # a margin of 2 for tokenizers that normalize (strip, merge spaces) before they split
         self.max_prompt_chars = 2 * self.max_model_len * max_chars_per_token(engine_client.tokenizer)
 
     def check_params(self, params: SamplingParams) -> None:
-        """Token ids in logit_bias / allowed_token_ids inside the vocabulary, said in one line (not every id)."""
-        for name in ("logit_bias", "allowed_token_ids"):
-            outside = [t for t in (getattr(params, name) or ()) if t >= self.vocab_size]
-            if outside:
-                raise ValueError(f"{name} has {len(outside)} token ids outside the vocabulary [0, {self.vocab_size}"
-                                 f"), e.g. {short(outside[0])}.")
+        """The engine's own checks (engine/processor.py), before any prompt of the request is submitted."""
+        self.engine_client.processor.validate_params(params)
 
     async def prepare_prompt(self, prompt: str | list[int], params: SamplingParams,
                              add_special_tokens: bool = True) -> tuple[dict, SamplingParams]:
@@ -151,13 +142,8 @@ class OpenAIServing:
             tokenizer = self.engine_client.tokenizer
             encode = functools.partial(tokenizer.encode, add_special_tokens=add_special_tokens)
             text, token_ids = prompt, await self.engine_client.run_in_input_thread(encode, prompt)
-        else:
+        else:  # ids out of vocabulary: the engine's Processor says so, in vLLM's words
             text, token_ids = None, prompt
-            if len(token_ids) <= self.max_model_len:
-                outside = next((t for t in token_ids if not 0 <= t < self.vocab_size), None)
-                if outside is not None:  # vLLM's wording: "Token id ... is out of vocabulary"
-                    raise ValueError(f"Token id {short(outside)} is out of vocabulary (the model's ids are "
-                                     f"0 to {self.vocab_size - 1}).")
         num_tokens, max_len = len(token_ids), self.max_model_len
         if num_tokens >= max_len:
             raise ValueError(f"This model's maximum context length is {max_len} tokens, but the prompt has "
