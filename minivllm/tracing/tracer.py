@@ -75,8 +75,9 @@ def describe_execute(worker) -> dict[str, Any] | None:
 class EngineTracer:
     """A Scheduler observer (Scheduler.observers): each hook gets the scheduler, then the call's arguments."""
 
-    def __init__(self, model_executor) -> None:
+    def __init__(self, model_executor, session: int | None = None) -> None:
         self.model_executor = model_executor
+        self.session = session
         self.events: list[dict[str, Any]] = []
         self.step = 0
         self._blocks: dict[str, list[int]] = {}  # block ids per request as of the last schedule()
@@ -86,7 +87,8 @@ class EngineTracer:
         return events
 
     def _emit(self, kind: str, **fields) -> None:
-        self.events.append({"kind": kind, "process": "EngineCore", "pid": os.getpid(), **fields})
+        session = {} if self.session is None else {"session": self.session}
+        self.events.append({"kind": kind, "process": "EngineCore", "pid": os.getpid(), **session, **fields})
 
     def on_add_request(self, scheduler, request) -> None:
         self._emit("arrival", request_id=request.request_id, num_prompt_tokens=len(request.prompt_token_ids),
