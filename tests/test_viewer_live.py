@@ -186,6 +186,12 @@ def test_tracing_only_while_a_viewer_is_connected_and_tokens_unchanged():
         with reader.cond:  # the window: the last 4 steps of the 10-token request, not all of them
             assert sum(e["kind"] == "schedule" for e in reader.events) == 4
             assert [e["step"] for e in reader.events if e["kind"] == "schedule"] == [7, 8, 9, 10]
+            # its submit and arrival left the window but are kept (it is alive until step 10), with its
+            # token count as of step 7: the prompt plus the 6 tokens sampled in steps 1..6
+            kinds = [e["kind"] for e in reader.prelude]
+            assert kinds == ["submit", "arrival", "window"], kinds
+            assert reader.prelude[-1]["num_tokens"] == {
+                reader.prelude[0]["request_id"]: len(reader.prelude[0]["prompt_token_ids"]) + 6}
         reader.close()
         deadline = time.monotonic() + 30
         while hub.viewers or hub.lock.locked():  # the server notices the closed stream and switches tracing

@@ -228,6 +228,13 @@ class Trace:
         Path(path).write_text(json.dumps({"info": self.info, "caller_pid": self.caller_pid,
                                           "events": self.events}, indent=1))
 
+    def write_html(self, path: str | Path, config=None) -> None:
+        """Write this run as a trace-viewer file (tracing/html.py) and print its path, nothing else: a
+        notebook's last cell calls it, and no HTML lands in the stored outputs."""
+        from minivllm.tracing.html import write_html
+        write_html(self, path, config)
+        print(path)
+
     @classmethod
     def from_json(cls, path: str | Path) -> "Trace":
         data = json.loads(Path(path).read_text())
