@@ -101,13 +101,20 @@ class EngineCore:
             raise RuntimeError("profiler_config was not set when the engine started")
         self.profiler.start() if is_start else self.profiler.stop()
 
-    def enable_tracing(self) -> None:
-        """Attach a fresh EngineTracer (minivllm.tracing) as an observer of the scheduler; it changes nothing."""
+    def enable_tracing(self, session: int | None = None) -> None:
+        """Attach a fresh EngineTracer (minivllm.tracing) as an observer of the scheduler; it changes nothing.
+        `session` (the live /trace page's) is written into each event, so that a later session skips it."""
+        from minivllm.tracing.tracer import EngineTracer
+        self.disable_tracing()
+        self.tracer = EngineTracer(self.model_executor, session)
+        self.scheduler.observers.append(self.tracer)
+
+    def disable_tracing(self) -> None:
+        """Detach the EngineTracer: the steps run with no observer again (the live /trace page's last viewer left)."""
         from minivllm.tracing.tracer import EngineTracer
         observers = self.scheduler.observers
         observers[:] = [o for o in observers if not isinstance(o, EngineTracer)]
-        self.tracer = EngineTracer(self.model_executor)
-        observers.append(self.tracer)
+        self.tracer = None
 
     def drain_trace(self) -> list:
         """Trace events recorded since the last drain: the busy loop sends them as TraceEvents, ahead of a

@@ -7,7 +7,8 @@ from disk. The viewer draws only what the engine recorded, or what it counts fro
 
 Beside the trace it embeds three fields of the engine's own config that the trace does not carry and
 the token-budget panel needs (max_num_batched_tokens, max_num_seqs, enable_prefix_caching).
-Left out: the live `/trace` page of `minivllm serve`.
+The live page of `minivllm serve` (GET /trace, tracing/live.py) is the same page with an empty trace
+and `"live"` naming its event stream: the viewer then appends the steps as they arrive.
 """
 from __future__ import annotations
 
@@ -26,15 +27,16 @@ def _asset(name: str) -> str:
     return resources.files("minivllm.tracing").joinpath("viewer", name).read_text(encoding="utf-8")
 
 
-def render_html(trace: Trace, config=None) -> str:
-    """The viewer page for `trace`; `config` is the engine's config (its CONFIG_FIELDS are embedded).
+def render_html(trace: Trace, config=None, live: str | None = None) -> str:
+    """The viewer page for `trace`; `config` is the engine's config (its CONFIG_FIELDS are embedded);
+    `live`: the URL of a /trace/events stream the page follows (minivllm serve's /trace).
 
     The JSON sits in a <script type="application/json">; "</" is written "<\\/" so that a prompt
     containing "</script>" cannot end the block early (JSON reads "<\\/" back as "</").
     """
     engine_config = {k: getattr(config, k) for k in CONFIG_FIELDS if hasattr(config, k)}
     payload = {"trace": {"info": trace.info, "caller_pid": trace.caller_pid, "events": trace.events},
-               "config": engine_config}
+               "config": engine_config, **({"live": live} if live else {})}
     data = json.dumps(payload).replace("</", "<\\/")
     page = _asset("template.html")
     for marker, text in (("/*__CSS__*/", _asset("viewer.css")),

@@ -75,8 +75,9 @@ def describe_execute(worker) -> dict[str, Any] | None:
 class EngineTracer:
     """A Scheduler observer (Scheduler.observers): each hook gets the scheduler, then the call's arguments."""
 
-    def __init__(self, model_executor) -> None:
+    def __init__(self, model_executor, session: int | None = None) -> None:
         self.model_executor = model_executor
+        self.session = session
         self.events: list[dict[str, Any]] = []
         self.step = 0
         self._blocks: dict[str, list[int]] = {}  # block ids per request as of the last schedule()
@@ -86,7 +87,8 @@ class EngineTracer:
         return events
 
     def _emit(self, kind: str, **fields) -> None:
-        self.events.append({"kind": kind, "process": "EngineCore", "pid": os.getpid(), **fields})
+        session = {} if self.session is None else {"session": self.session}
+        self.events.append({"kind": kind, "process": "EngineCore", "pid": os.getpid(), **session, **fields})
 
     def on_add_request(self, scheduler, request) -> None:
         self._emit("arrival", request_id=request.request_id, num_prompt_tokens=len(request.prompt_token_ids),
@@ -225,6 +227,13 @@ class Trace:
     def to_json(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps({"info": self.info, "caller_pid": self.caller_pid,
                                           "events": self.events}, indent=1))
+
+    def write_html(self, path: str | Path, config=None) -> None:
+        """Write this run as a trace-viewer file (tracing/html.py) and print its path, nothing else: a
+        notebook's last cell calls it, and no HTML lands in the stored outputs."""
+        from minivllm.tracing.html import write_html
+        write_html(self, path, config)
+        print(path)
 
     @classmethod
     def from_json(cls, path: str | Path) -> "Trace":

@@ -2,7 +2,8 @@
 
 FastAPI routes over one AsyncLLM, served by uvicorn: POST /v1/completions and /v1/chat/completions
 (whole, or streamed as Server-Sent Events), GET /v1/models, /health (200, or 503 once EngineCore is
-dead) and /metrics (Prometheus text). Every failure is an OpenAI error object with its status (also
+dead), /metrics (Prometheus text) and /trace (minivllm's live trace viewer, tracing/live.py; vLLM has
+none). Every failure is an OpenAI error object with its status (also
 404, 405, a body that is not JSON, and a body over --max-request-body-bytes: 413, refused before it is
 read whole); a request that fails leaves the engine serving the others. A client that disconnects
 cancels its handler (streamed: EventStreamResponse; whole: `with_cancellation`), which aborts its
@@ -26,12 +27,12 @@ import anyio
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from minivllm.engine.arg_utils import EngineArgs
 from minivllm.engine.async_llm import AsyncLLM
-from minivllm.entrypoints.openai.cli_args import DEFAULT_MAX_REQUEST_BODY_BYTES
+from minivllm.entrypoints.openai.cli_args import DEFAULT_MAX_REQUEST_BODY_BYTES, DEFAULT_TRACE_MAX_STEPS
 from minivllm.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
 from minivllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from minivllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
@@ -80,15 +81,18 @@ def fail_running_requests(engine: AsyncLLM) -> None:
 
 
 def build_app(engine: AsyncLLM, trust_request_chat_template: bool = False,
-              max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES) -> FastAPI:
+              max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES,
+              trace_max_steps: int = DEFAULT_TRACE_MAX_STEPS) -> FastAPI:
+    from minivllm.tracing.live import LiveTraceHub
     name = engine.served_model_name
+    live_trace = LiveTraceHub(engine, trace_max_steps)
     completion = OpenAIServingCompletion(engine, name)
     chat = OpenAIServingChat(engine, name, trust_request_chat_template)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         app.state.loop = asyncio.get_running_loop()
-        app.state.engine = engine
+        app.state.engine, app.state.live_trace = engine, live_trace
         yield
         chat.shutdown()
         engine.shutdown()  # the server is stopping: stop EngineCore with it
@@ -133,6 +137,17 @@ def build_app(engine: AsyncLLM, trust_request_chat_template: bool = False,
             return error_json(error_from_exception(e))
         return Response(engine.stat_logger.render(stats), media_type="text/plain; version=0.0.4; charset=utf-8")
 
+    @app.get("/trace")
+    async def trace_page() -> HTMLResponse:
+        """The trace viewer, live: it follows /trace/events (tracing is on only while such a page is open)."""
+        from minivllm.tracing.html import render_html
+        from minivllm.tracing.tracer import Trace
+        return HTMLResponse(render_html(Trace(engine.info), engine.config, live="/trace/events"))
+
+    @app.get("/trace/events")
+    async def trace_events() -> Response:
+        return EventStreamResponse(live_trace.stream())
+
     async def respond(create, body, raw_request: Request) -> Response:
         try:
             await engine.run_in_input_thread(check_unicode, body.model_dump(exclude_none=True))  # off the loop
@@ -162,7 +177,7 @@ def run_server(args: argparse.Namespace) -> None:
     if args.model_tag is not None:
         args.model = args.model_tag
     engine = AsyncLLM.from_engine_args(EngineArgs.from_cli_args(args), args.served_model_name)
-    app = build_app(engine, args.trust_request_chat_template, args.max_request_body_bytes)
+    app = build_app(engine, args.trust_request_chat_template, args.max_request_body_bytes, args.trace_max_steps)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
                             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
     try:

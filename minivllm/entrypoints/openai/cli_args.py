@@ -8,6 +8,7 @@ import argparse
 
 from minivllm.engine.arg_utils import EngineArgs
 
+DEFAULT_TRACE_MAX_STEPS = 200  # the live /trace page's window (minivllm.tracing.live keeps the same default)
 DEFAULT_MAX_REQUEST_BODY_BYTES = 16 << 20  # 16 MiB: any prompt max_model_len can hold, many times over
 
 
@@ -23,6 +24,9 @@ def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--max-request-body-bytes", type=int, default=DEFAULT_MAX_REQUEST_BODY_BYTES,
                         help="a larger HTTP body is refused with a 413 before it is read whole (minivllm's; vLLM "
                              "leaves this to a proxy) (default: %(default)s)")
+    parser.add_argument("--trace-max-steps", type=int, default=DEFAULT_TRACE_MAX_STEPS,
+                        help="the live viewer at /trace keeps the last this many engine steps (minivllm's; tracing "
+                             "runs only while a /trace page is open) (default: %(default)s)")
     parser.add_argument("--uvicorn-log-level", default="info",
                         choices=["critical", "error", "warning", "info", "debug", "trace"],
                         help="uvicorn's log level (default: %(default)s)")

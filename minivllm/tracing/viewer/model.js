@@ -64,6 +64,8 @@ function buildModel(data) {
       cur.outputs = e;
       for (const o of e.outputs) texts[o.request_id] = o.text;
       cur.texts = Object.assign({}, texts);
+    } else if (e.kind === "window") {  // the live page's window: token counts as of its first step
+      Object.assign(numTokens, e.num_tokens);
     } else if (e.kind === "abort") {
       e.request_ids.forEach(release);
     }
@@ -76,6 +78,7 @@ function buildModel(data) {
                   after: {waiting: e.waiting.slice(), running: e.running.slice(), numFree: e.num_free_blocks},
                   texts: Object.assign({}, texts)};
     const nst = e.num_scheduled_tokens, cached = e.scheduled_cached_reqs;
+    Object.keys(nst).forEach(register);  // live: a request already running when the page opened
     // Token budget. RUNNING requests are served first (cached, not resumed); new and resumed requests come
     // from WAITING with what is left. A request got fewer tokens than it still needed: the chunk clamp.
     const budget = {limit: config.max_num_batched_tokens ?? null, running: [], waiting: [],
