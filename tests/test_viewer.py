@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -236,7 +237,9 @@ def test_viewer_marks_events_and_opens_step_from_hash(run, browser, tmp_path):
 def test_html_is_self_contained(run):
     name, trace, html = run
     page = html.read_text()
-    assert "<script src" not in page and "<link" not in page and "@import" not in page
+    assert "<script src" not in page and "@import" not in page
+    # the one <link> is the empty inline favicon (no /favicon.ico request): nothing is fetched
+    assert all(href.startswith("data:") for href in re.findall(r'<link[^>]*href="([^"]*)"', page))
     assert "http://" not in page.replace("http://www.w3.org", "") and "https://" not in page
     start = page.index('<script id="trace-data" type="application/json">') + len(
         '<script id="trace-data" type="application/json">')
