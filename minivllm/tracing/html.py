@@ -16,7 +16,6 @@ import json
 from importlib import resources
 from pathlib import Path
 
-from minivllm.tracing.tracer import Trace
 
 # Concatenated in this order into one <script>: the model, then the panels, then the navigation.
 SCRIPTS = ("model.js", "panels.js", "panels2.js", "viewer.js")
@@ -27,8 +26,9 @@ def _asset(name: str) -> str:
     return resources.files("minivllm.tracing").joinpath("viewer", name).read_text(encoding="utf-8")
 
 
-def render_html(trace: Trace, config=None, live: str | None = None) -> str:
-    """The viewer page for `trace`; `config` is the engine's config (its CONFIG_FIELDS are embedded);
+def render_html(trace, config=None, live: str | None = None) -> str:
+    """The viewer page for `trace` (a tracer.Trace; not imported here, since Trace.write_html calls
+    this module); `config` is the engine's config (its CONFIG_FIELDS are embedded);
     `live`: the URL of a /trace/events stream the page follows (minivllm serve's /trace).
 
     The JSON sits in a <script type="application/json">; "</" is written "<\\/" so that a prompt
@@ -49,6 +49,6 @@ def render_html(trace: Trace, config=None, live: str | None = None) -> str:
     return page
 
 
-def write_html(trace: Trace, path: str | Path, config=None) -> None:
+def write_html(trace, path: str | Path, config=None) -> None:
     """Write the viewer for `trace` to `path` (one file; open it in a browser, append #step=N for a step)."""
     Path(path).write_text(render_html(trace, config), encoding="utf-8")
