@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
             run_serve_trace(args)
         elif args.command == "serve":
             from minivllm.entrypoints.openai.api_server import run_server
-            run_server(args)
+            return run_server(args) or 0  # non-zero: a --headless node's workers failed
         else:
             from minivllm import LLM, SamplingParams
             llm = LLM(args.model)

@@ -3,8 +3,10 @@
 EngineConfig holds the user's knobs under vLLM's names; SchedulerConfig and
 CacheConfig are the slices the scheduler reads, so the scheduler can be built
 by hand without a model. Every dataclass checks itself in __post_init__ and
-names the argument to change. Left out: parallelism, speculative decoding,
-quantization, LoRA and multimodal configs.
+names the argument to change. vLLM's ParallelConfig fields that minivllm runs
+(tensor_parallel_size, distributed_executor_backend, nnodes, node_rank,
+master_addr, master_port) sit in EngineConfig itself. Left out: pipeline and data
+parallelism, speculative decoding, quantization, LoRA and multimodal configs.
 """
 from __future__ import annotations
 
@@ -119,7 +121,14 @@ class EngineConfig:
     device: Literal["cpu", "cuda"] = "cpu"
     attention_backend: Literal["cpu", "torch", "triton"] | None = None  # None: triton on a GPU, cpu on the CPU
     generation_config: str = "auto"  # "auto": the model's generation_config.json; "vllm": neutral defaults
-    tensor_parallel_size: int = 1  # one worker only: anything else is refused
+    tensor_parallel_size: int = 1  # worker processes, each with 1/tp of every layer's heads and units
+    # "uni": one worker in EngineCore's process; "mp": one process per rank (MultiprocExecutor).
+    # None: "uni" for tensor_parallel_size 1, else "mp", as vLLM picks.
+    distributed_executor_backend: Literal["uni", "mp"] | None = None
+    nnodes: int = 1  # machines the ranks are spread over (mp only), tensor_parallel_size / nnodes on each
+    node_rank: int = 0  # this machine's index; 0 runs EngineCore and the driver rank
+    master_addr: str = "127.0.0.1"  # where rank 0's torch.distributed TCP store listens
+    master_port: int = 29501  # its port (vLLM's default)
     enforce_eager: bool = False  # a no-op: minivllm never captures CUDA graphs or compiles
     profiler_config: dict | None = None  # {"profiler": "torch", "torch_profiler_dir": ...}
 
@@ -140,9 +149,22 @@ class EngineConfig:
                  "kv_cache_memory_bytes must be > 0")
         _require(self.gpu_memory_utilization is None or 0 < self.gpu_memory_utilization <= 1,
                  f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
-        _require(self.tensor_parallel_size == 1,
-                 f"tensor_parallel_size={self.tensor_parallel_size}: minivllm runs the model in one worker "
-                 f"process (no tensor parallelism); use 1")
+        _require(self.tensor_parallel_size >= 1, f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
+        if self.distributed_executor_backend is None:
+            self.distributed_executor_backend = "uni" if self.tensor_parallel_size == 1 else "mp"
+        _require(self.distributed_executor_backend in ("uni", "mp"),
+                 f"distributed_executor_backend must be 'uni' or 'mp', got {self.distributed_executor_backend!r}")
+        _require(self.distributed_executor_backend == "mp" or self.tensor_parallel_size == 1,
+                 f"distributed_executor_backend='uni' runs one worker, but tensor_parallel_size="
+                 f"{self.tensor_parallel_size}: use 'mp' (one process per rank) or leave it unset")
+        _require(self.nnodes >= 1 and 0 <= self.node_rank < self.nnodes,
+                 f"node_rank must be in [0, nnodes), got node_rank={self.node_rank}, nnodes={self.nnodes}")
+        _require(self.tensor_parallel_size % self.nnodes == 0,
+                 f"tensor_parallel_size={self.tensor_parallel_size} must be a multiple of nnodes={self.nnodes} "
+                 f"(each machine runs the same number of ranks)")
+        _require(self.nnodes == 1 or self.distributed_executor_backend == "mp",
+                 "nnodes > 1 needs distributed_executor_backend='mp'")
+        _require(0 < self.master_port < 65536, f"master_port must be in 1..65535, got {self.master_port}")
         _require(self.scheduling_policy in ("fcfs", "priority"), "scheduling_policy must be 'fcfs' or 'priority'")
         _require(self.max_logprobs >= -1, "max_logprobs must be >= 0, or -1 for no limit")
         _require(self.dtype in ("auto", "float32", "float16", "bfloat16"),
@@ -157,6 +179,11 @@ class EngineConfig:
             self.profiler_config = {"profiler": "torch", "torch_profiler_dir": envs.torch_profiler_dir()}
         if self.profiler_config is not None:
             check_profiler_config(self.profiler_config)
+
+    @property
+    def local_world_size(self) -> int:
+        """The ranks that run on this machine."""
+        return self.tensor_parallel_size // self.nnodes
 
     def scheduler_config(self, max_model_len: int) -> SchedulerConfig:
         return SchedulerConfig(

@@ -26,5 +26,6 @@ def init_logger(prefix: str = "") -> logging.Logger:
     return logger
 
 
-def init_engine_core_logger() -> logging.Logger:
-    return init_logger(prefix=f"(EngineCore pid={os.getpid()}) ")
+def init_engine_core_logger(process: str = "EngineCore") -> logging.Logger:
+    """The logger of a child process, its lines prefixed "(<process> pid=N)" as vLLM's."""
+    return init_logger(prefix=f"({process} pid={os.getpid()}) ")

@@ -76,3 +76,21 @@ def hf_greedy(folder, prompt_token_ids: list[list[int]], max_new_tokens: int, eo
                                  eos_token_id=eos_token_id, pad_token_id=eos_token_id)
             outs.append(out[0, len(ids):].tolist())
     return outs
+
+
+def check_logprobs_close(a_runs, b_runs, a_name: str, b_name: str) -> int:
+    """vLLM's check_logprobs_close over runs of (token ids, [set of top-k ids per position]): where two runs
+    first choose different tokens, each choice must be in the other's top k (the rest of that prompt is not
+    compared: its context now differs). Returns how many prompts agreed on every token."""
+    identical = 0
+    for i, ((a_tok, a_top), (b_tok, b_top)) in enumerate(zip(a_runs, b_runs)):
+        for pos, (x, y) in enumerate(zip(a_tok, b_tok)):
+            if x != y:
+                assert x in b_top[pos] and y in a_top[pos], (
+                    f"prompt {i}, position {pos}: {a_name} chose {x}, {b_name} chose {y}, and one is not in "
+                    f"the other's top {len(a_top[pos])} ({a_name}: {sorted(a_top[pos])}, {b_name}: "
+                    f"{sorted(b_top[pos])})")
+                break
+        else:
+            identical += 1
+    return identical

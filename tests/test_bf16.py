@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import PROMPTS
+from conftest import PROMPTS, check_logprobs_close
 from minivllm import LLM, SamplingParams, _C, platforms
 from minivllm.csrc import build as ops_build
 from minivllm.models.layers import RotaryEmbedding, _rotate_half
@@ -181,21 +181,6 @@ def engine_greedy_with_logprobs(prompt_ids, **engine_args):
     llm.shutdown()
     assert stats["num_free_blocks"] == stats["num_gpu_blocks"] - 1, "blocks leaked after the run"
     return [(o.outputs[0].token_ids, [set(step) for step in o.outputs[0].logprobs]) for o in outs], stats
-
-
-def check_logprobs_close(a_runs, b_runs, a_name, b_name) -> int:
-    """vLLM's check_logprobs_close; returns how many prompts agreed on every token."""
-    identical = 0
-    for i, ((a_tok, a_top), (b_tok, b_top)) in enumerate(zip(a_runs, b_runs)):
-        for pos, (x, y) in enumerate(zip(a_tok, b_tok)):
-            if x != y:
-                assert x in b_top[pos] and y in a_top[pos], (
-                    f"prompt {i}, position {pos}: {a_name} chose {x}, {b_name} chose {y}, and one is not in "
-                    f"the other's top {TOP} ({a_name}: {sorted(a_top[pos])}, {b_name}: {sorted(b_top[pos])})")
-                break
-        else:
-            identical += 1
-    return identical
 
 
 @pytest.fixture(scope="module")

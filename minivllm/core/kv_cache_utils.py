@@ -79,9 +79,11 @@ def kv_cache_shape(num_layers: int, num_blocks: int, block_size: int, num_kv_hea
     return (num_layers, 2, num_blocks, block_size, num_kv_heads, head_size)
 
 
-def kv_cache_bytes_per_block(hf_config, block_size: int, itemsize: int) -> int:
-    """K and V of one block in every layer: the unit the pool is sized in."""
-    heads = getattr(hf_config, "num_key_value_heads", None) or hf_config.num_attention_heads
+def kv_cache_bytes_per_block(hf_config, block_size: int, itemsize: int, tensor_parallel_size: int = 1) -> int:
+    """K and V of one block in every layer, on one rank: the unit the pool is sized in. A rank holds
+    num_kv_heads / tp heads, or one when there are more ranks than KV heads (each is then copied)."""
+    total = getattr(hf_config, "num_key_value_heads", None) or hf_config.num_attention_heads
+    heads = max(1, total // tensor_parallel_size)
     head_size = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
     return math.prod(kv_cache_shape(hf_config.num_hidden_layers, 1, block_size, heads, head_size)) * itemsize
 
@@ -157,23 +159,26 @@ def get_kv_cache_config(config: EngineConfig, hf_config, available_memory: int) 
     """vLLM's get_kv_cache_configs: the pool that fits `available_memory` bytes (or num_gpu_blocks_override).
 
     Checked on the CPU against MemAvailable: the KV pool, plus the runner's per-request rows
-    (max_num_seqs x max_model_len token ids and block-table entries). vLLM's gpu_memory_utilization
+    (max_num_seqs x max_model_len token ids and block-table entries), once per rank on this machine.
+    `available_memory` is one rank's; every rank allocates the same number of blocks of its own heads. vLLM's gpu_memory_utilization
     is a fraction of the whole device, weights included; on a CPU shared with the OS that total means
     little, so minivllm sizes only the KV cache from what is left after the weights.
     """
     max_model_len = max_model_len_for(config, hf_config)
-    per_block = kv_cache_bytes_per_block(hf_config, config.block_size, _ITEMSIZE[config.dtype])
+    per_block = kv_cache_bytes_per_block(hf_config, config.block_size, _ITEMSIZE[config.dtype],
+                                         config.tensor_parallel_size)
     num_blocks = config.num_gpu_blocks_override or max(2, available_memory // per_block)
     which = _sizing_argument(config)
     available = available_memory_bytes() if config.device == "cpu" else None
     if available is None:
         return KVCacheConfig(num_blocks, config.block_size)
     gib = 2**30
-    kv_bytes = num_blocks * per_block
+    kv_bytes = num_blocks * per_block * config.local_world_size
     if kv_bytes > available:
         raise ValueError(f"{which} asks for a KV cache of {num_blocks} blocks = {kv_bytes / gib:.1f} GiB, but this "
                          f"machine has {available / gib:.1f} GiB available: lower {which}.")
-    rows = config.max_num_seqs * (max_model_len * 8 + cdiv(max_model_len, config.block_size) * 4)
+    rows = config.max_num_seqs * (max_model_len * 8 + cdiv(max_model_len, config.block_size) * 4) \
+        * config.local_world_size
     if kv_bytes + rows > available:
         raise ValueError(f"max_num_seqs={config.max_num_seqs} at max_model_len={max_model_len} needs "
                          f"{rows / gib:.1f} GiB of per-request rows besides the {kv_bytes / gib:.1f} GiB KV cache, "

@@ -6,7 +6,7 @@ EngineArgs has exactly EngineConfig's fields (it is one, with the command line a
 (`LLMEngine.from_engine_args(EngineArgs.from_cli_args(args))`, `LLM(**vars(args))`) run unchanged.
 Booleans are `--flag/--no-flag`, dicts are JSON (`--profiler-config '{"profiler": "torch", ...}'`).
 Left out: AsyncEngineArgs, argument groups per config class, and the hundreds of vLLM flags minivllm
-has no field for (quantization, LoRA, speculative decoding, parallelism beyond tensor_parallel_size).
+has no field for (quantization, LoRA, speculative decoding, pipeline and data parallelism).
 """
 from __future__ import annotations
 
@@ -42,7 +42,14 @@ HELP = {
                          "triton on a GPU, cpu on the CPU (torch where the C library cannot be built)",
     "generation_config": "'auto': sampling defaults from the model's generation_config.json; 'vllm': "
                          "neutral defaults; or a folder holding generation_config.json",
-    "tensor_parallel_size": "number of tensor-parallel workers (minivllm: 1 only)",
+    "tensor_parallel_size": "worker processes the model is cut across (each holds 1/tp of the heads and MLP; "
+                            "the head counts must divide by it)",
+    "distributed_executor_backend": "uni (one worker in EngineCore's process) or mp (one process per rank); "
+                                    "None: uni for tensor_parallel_size 1, else mp",
+    "nnodes": "machines the tensor-parallel ranks span (tensor_parallel_size / nnodes ranks on each)",
+    "node_rank": "this machine's index among nnodes; the others run with --headless",
+    "master_addr": "address of node 0, where rank 0's torch.distributed TCP store listens",
+    "master_port": "port of that TCP store",
     "enforce_eager": "accepted for vLLM compatibility; a no-op (minivllm always runs eagerly)",
     "profiler_config": 'JSON, e.g. \'{"profiler": "torch", "torch_profiler_dir": "./profile"}\'',
 }

@@ -78,6 +78,10 @@ class EngineCore:
         model_output = self.model_executor.execute_model(scheduler_output)  # 2. forward + sample
         return self.scheduler.update_from_output(scheduler_output, model_output)  # 3. append, stop, free
 
+    def shutdown(self) -> None:
+        """Stop the executor's workers (their processes, under tensor parallelism); idempotent."""
+        self.model_executor.shutdown()
+
     def get_num_free_blocks(self) -> int:
         return self.scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
 
@@ -146,6 +150,8 @@ def run_engine_core(config: EngineConfig, model_folder: str, input_queue, output
     except BaseException:
         send(EngineCoreFailed(traceback.format_exc(), False))
         raise
+    finally:
+        core.shutdown()
 
 
 def run_busy_loop(core: EngineCore, input_queue, send, parent_pid: int) -> None:

@@ -28,11 +28,10 @@ from minivllm.config import EngineConfig
 from minivllm.engine import (AbortRequests, AddRequests, EngineCoreFailed, EngineCoreOutputs, EngineCoreRequest,
                              TraceEvents, UtilityCall, UtilityOutput)
 from minivllm.engine.core import EngineCore, run_engine_core
+from minivllm.engine.exceptions import EngineDeadError
 from minivllm.engine.utils import child_setup, stop_process
 
-
-class EngineDeadError(RuntimeError):
-    """The EngineCore process died; the engine cannot continue."""
+__all__ = ["EngineDeadError", "InprocClient", "SyncMPClient", "AsyncMPClient", "make_client"]
 
 
 def make_client(config: EngineConfig, model_folder: str, multiprocess: bool | None = None):
@@ -45,11 +44,13 @@ class InprocClient:
     def __init__(self, config: EngineConfig, model_folder: str) -> None:
         self.engine_core = EngineCore(config, model_folder)
         self.info = self.engine_core.info()
-        self._shut_down = False
+        self._dead: str | None = None
+        # a dropped LLM stops its worker processes (tensor parallelism) even without shutdown()
+        self._finalizer = weakref.finalize(self, self.engine_core.shutdown)
 
     def _core(self) -> EngineCore:
-        if self._shut_down:
-            raise EngineDeadError(SHUT_DOWN)
+        if self._dead:
+            raise EngineDeadError(self._dead)
         return self.engine_core
 
     def add_requests(self, requests: list[EngineCoreRequest]) -> None:
@@ -57,7 +58,12 @@ class InprocClient:
             self._core().add_request(request)
 
     def get_output(self) -> EngineCoreOutputs:
-        return self._core().step()  # in-process, consuming output means running a step
+        try:
+            return self._core().step()  # in-process, consuming output means running a step
+        except EngineDeadError as e:  # a worker process died: every later call says so too
+            self._dead = str(e)
+            self._finalizer()
+            raise
 
     def abort_requests(self, request_ids: list[str]) -> None:
         if request_ids:
@@ -71,7 +77,8 @@ class InprocClient:
         return self._core().drain_trace()
 
     def shutdown(self) -> None:
-        self._shut_down = True
+        self._dead = self._dead or SHUT_DOWN
+        self._finalizer()
 
 
 SHUT_DOWN = "The engine was shut down (LLM.shutdown()): create a new LLM to continue."

@@ -36,12 +36,28 @@ def resolve_engine_config(config: EngineConfig):
     hf_config = load_config(model_folder)
     dtype = resolve_dtype(config.dtype, getattr(hf_config, "dtype", None), config.device)
     config = dataclasses.replace(config, dtype=dtype)  # E.g. "auto" -> "bfloat16" on a CPU with AMX
+    verify_with_parallel_config(hf_config, config.tensor_parallel_size)
     resolve_sizes(config, hf_config)
     if config.device == "cuda":
         import torch
         if not torch.cuda.is_available():
             raise ValueError("device='cuda' but torch sees no CUDA device: use device='cpu'.")
     return config, model_folder, hf_config
+
+
+def verify_with_parallel_config(hf_config, tp: int) -> None:
+    """As vLLM's ModelConfig.verify_with_parallel_config: every rank must get whole heads and whole MLP units."""
+    heads = hf_config.num_attention_heads
+    if heads % tp:
+        raise ValueError(f"Total number of attention heads ({heads}) must be divisible by tensor parallel "
+                         f"size ({tp}).")
+    kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
+    if kv_heads % tp and tp % kv_heads:  # more ranks than KV heads: each KV head is copied to tp/kv ranks
+        raise ValueError(f"Total number of KV heads ({kv_heads}) and tensor parallel size ({tp}) must divide "
+                         f"one another.")
+    ffn = getattr(hf_config, "intermediate_size", None) or getattr(hf_config, "ffn_dim", None)
+    if ffn and ffn % tp:
+        raise ValueError(f"The MLP's intermediate size ({ffn}) must be divisible by tensor parallel size ({tp}).")
 
 
 def short(value, limit: int = 24) -> str:

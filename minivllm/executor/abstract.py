@@ -5,9 +5,8 @@ EngineCore never touches a worker: it asks its Executor. Every call fans out to 
 as its first argument, as vLLM's) and comes back as one result per rank. `execute_model` keeps the
 driver rank's output only; `determine_available_memory` returns every rank's answer, and EngineCore
 sizes the pool by the smallest. A subclass says where the workers live: `UniProcExecutor` holds one
-Worker in EngineCore's process; a multiprocess executor (one process per tensor-parallel rank) is
-another subclass with the same calls. Left out: Ray, pipeline parallelism, non-blocking futures,
-KV connectors, sleep/wake, LoRA.
+Worker in EngineCore's process; `MultiprocExecutor` one process per tensor-parallel rank, with the
+same calls. Left out: Ray, pipeline parallelism, non-blocking futures, KV connectors, sleep/wake, LoRA.
 """
 from __future__ import annotations
 
@@ -20,7 +19,8 @@ from minivllm.core.sched.output import SchedulerOutput
 from minivllm.outputs import ModelRunnerOutput
 
 # distributed_executor_backend -> the class that runs it (by name: the subclasses import this module)
-EXECUTOR_BACKENDS = {"uni": "minivllm.executor.uniproc_executor.UniProcExecutor"}
+EXECUTOR_BACKENDS = {"uni": "minivllm.executor.uniproc_executor.UniProcExecutor",
+                     "mp": "minivllm.executor.multiproc_executor.MultiprocExecutor"}
 
 
 class Executor:
@@ -32,8 +32,8 @@ class Executor:
     @staticmethod
     def get_class(config: EngineConfig) -> type["Executor"]:
         """The Executor subclass for this config, by its qualified name, as vLLM resolves a
-        distributed_executor_backend ("uni": one worker in this process, the only backend so far)."""
-        module, _, name = EXECUTOR_BACKENDS["uni"].rpartition(".")
+        distributed_executor_backend ("uni": one worker in this process; "mp": one process per rank)."""
+        module, _, name = EXECUTOR_BACKENDS[config.distributed_executor_backend].rpartition(".")
         return getattr(importlib.import_module(module), name)
 
     def _init_executor(self) -> None:

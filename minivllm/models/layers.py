@@ -6,7 +6,8 @@ same inverse frequencies and indexed by each packed token's position.
 RMSNorm (with the residual add fused in, as vLLM's fused_add_rms_norm),
 SiluAndMul and the rotary embedding are CustomOps: `forward_native` is the
 PyTorch formula, `forward_cpu` the compiled op (minivllm/_C.py), and which one
-runs is picked once, in minivllm/_custom_ops.py, as is PackedLinear's GEMM.
+runs is picked once, in minivllm/_custom_ops.py. The linear layers (and their
+packed CPU GEMM) are in linear.py, the vocabulary's in vocab_parallel_embedding.py.
 Left out: rope scaling variants other than "default" and "llama3".
 """
 from __future__ import annotations
@@ -18,7 +19,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from minivllm import _C
-from minivllm import _custom_ops as ops
 from minivllm.models.custom_op import CustomOp
 
 
@@ -111,46 +111,3 @@ class RotaryEmbedding(CustomOp):
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((-x2, x1), dim=-1)
-
-
-class PackedLinear(nn.Module):
-    """A Linear whose weight is pre-packed once for the CPU's GEMMs: in float32 two layouts, one per batch size.
-
-    Up to _custom_ops.SMALL_BATCH rows (every decode step) the compiled small-batch kernel streams its
-    own panel layout (csrc/cpu/gemm.c; _custom_ops.cpu_linear picks by rows); on this kind of CPU it
-    runs 1.2-1.8x faster than oneDNN at 1-32 rows and level with it up to 256. Bigger batches (prefill)
-    go to oneDNN with its packed weight, which is itself 1.3x faster than the default MKL path. In
-    bfloat16 every batch goes to oneDNN's packed bf16 GEMM (AVX512_BF16 or AMX where the CPU has them,
-    float32 accumulation), which runs 1.6-2.2x faster than the float32 kernels at every batch size
-    measured (1-2048 rows). The packing is a layout change only; results agree with nn.Linear to the
-    dtype's rounding.
-    """
-
-    def __init__(self, linear: nn.Linear, batch_size_hint: int = 4096) -> None:
-        super().__init__()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), batch_size_hint)
-        self.panels = ops.pack_small_batch_linear(linear.weight)  # None: every batch goes to oneDNN
-        self.bias = None if linear.bias is None else linear.bias.detach()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        x = x.reshape(-1, self.in_features)
-        out = ops.cpu_linear(x, self.packed, self.panels, self.bias, self.out_features)
-        return out.view(*shape[:-1], self.out_features)
-
-
-def pack_linear_weights(model: nn.Module) -> int:
-    """Replace every nn.Linear by a PackedLinear (CPU, float32 or bfloat16); returns how many were packed."""
-    count = 0
-    for module in list(model.modules()):
-        for name, child in list(module.named_children()):
-            w = child.weight if isinstance(child, nn.Linear) else None
-            if w is not None and w.dtype in (torch.float32, torch.bfloat16) and w.device.type == "cpu":
-                setattr(module, name, PackedLinear(child))
-                count += 1
-    return count
-
-
-def cpu_packed_linear_available() -> bool:
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")

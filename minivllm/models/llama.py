@@ -2,9 +2,12 @@
 
 `forward(input_ids, positions)` takes the flat [num_tokens] batch; attention
 metadata arrives through forward_context, never through this signature.
-q/k/v and gate/up are fused into one matmul each; `load_weights` maps HF's
-separate tensors onto them. `compute_logits` runs lm_head only on the rows the
-runner selected with logits_indices. Left out: tensor parallelism, LoRA, quantization.
+q/k/v and gate/up are fused into one matmul each; `load_weights` hands each of HF's
+separate tensors to its fused parameter's weight_loader, which keeps this rank's slice.
+Under tensor parallelism each worker builds the same model with its shard of every layer
+(linear.py, vocab_parallel_embedding.py): its own query and KV heads, its own slice of the
+MLP, two all-reduces per layer. `compute_logits` runs lm_head only on the rows the runner
+selected with logits_indices. Left out: pipeline parallelism, LoRA, quantization.
 """
 from __future__ import annotations
 
@@ -15,6 +18,10 @@ from torch import nn
 
 from minivllm.attention import Attention
 from minivllm.models.layers import RMSNorm, RotaryEmbedding, SiluAndMul
+from minivllm.models.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear, \
+    default_weight_loader
+from minivllm.models.logits_processor import LogitsProcessor
+from minivllm.models.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 
 
 def rope_parameters(config) -> dict:
@@ -26,42 +33,50 @@ def rope_parameters(config) -> dict:
 class LlamaAttention(nn.Module):
     def __init__(self, config, rotary_emb: RotaryEmbedding, prefix: str) -> None:
         super().__init__()
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
-        self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        total_num_heads = config.num_attention_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // total_num_heads
         bias = getattr(config, "attention_bias", False)
-        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=bias)
-        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=bias)
+        self.qkv_proj = QKVParallelLinear(config.hidden_size, self.head_dim, total_num_heads,
+                                          config.num_key_value_heads, bias=bias, prefix=f"{prefix}.qkv_proj")
+        # this rank's heads: all of them with tensor_parallel_size 1
+        self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
+        self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.o_proj = RowParallelLinear(total_num_heads * self.head_dim, config.hidden_size, bias=bias,
+                                        prefix=f"{prefix}.o_proj")
         self.rotary_emb = rotary_emb
         self.attn = Attention(self.num_heads, self.head_dim, self.head_dim**-0.5, self.num_kv_heads,
                               layer_name=f"{prefix}.attn")
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
-        qkv = self.qkv_proj(hidden_states)  # [num_tokens, q_size + 2 * kv_size]
+        qkv, _ = self.qkv_proj(hidden_states)  # [num_tokens, q_size + 2 * kv_size]
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q, k = self.rotary_emb(positions, q.view(-1, self.num_heads, self.head_dim),
                                k.view(-1, self.num_kv_heads, self.head_dim))
-        return self.o_proj(self.attn(q, k, v))  # [num_tokens, hidden_size]
+        output, _ = self.o_proj(self.attn(q, k, v))  # [num_tokens, hidden_size], summed over the ranks
+        return output
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, config) -> None:
+    def __init__(self, config, prefix: str) -> None:
         super().__init__()
         bias = getattr(config, "mlp_bias", False)
-        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=bias)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
+        self.gate_up_proj = MergedColumnParallelLinear(config.hidden_size, [config.intermediate_size] * 2,
+                                                       bias=bias, prefix=f"{prefix}.gate_up_proj")
+        self.down_proj = RowParallelLinear(config.intermediate_size, config.hidden_size, bias=bias,
+                                           prefix=f"{prefix}.down_proj")
         self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_fn(self.gate_up_proj(x)))  # [num_tokens, hidden_size]
+        gate_up, _ = self.gate_up_proj(x)  # [num_tokens, 2 * intermediate_size / tp]
+        x, _ = self.down_proj(self.act_fn(gate_up))  # [num_tokens, hidden_size], summed over the ranks
+        return x
 
 
 class LlamaDecoderLayer(nn.Module):
     def __init__(self, config, rotary_emb: RotaryEmbedding, prefix: str) -> None:
         super().__init__()
         self.self_attn = LlamaAttention(config, rotary_emb, prefix=f"{prefix}.self_attn")
-        self.mlp = LlamaMLP(config)
+        self.mlp = LlamaMLP(config, prefix=f"{prefix}.mlp")
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -83,7 +98,7 @@ class LlamaModel(nn.Module):
         super().__init__()
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         rotary_emb = RotaryEmbedding(head_dim, max(max_model_len, 1), rope_parameters(config))
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(LlamaDecoderLayer(config, rotary_emb, prefix=f"model.layers.{i}")
                                     for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -96,60 +111,62 @@ class LlamaModel(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    # HF checkpoint name -> (our fused parameter, shard index)
-    stacked_params_mapping = [(".q_proj.", ".qkv_proj.", 0), (".k_proj.", ".qkv_proj.", 1),
-                              (".v_proj.", ".qkv_proj.", 2), (".gate_proj.", ".gate_up_proj.", 0),
-                              (".up_proj.", ".gate_up_proj.", 1)]
+    # (our fused parameter, the HF checkpoint's name, its shard), vLLM's order
+    stacked_params_mapping = [(".qkv_proj.", ".q_proj.", "q"), (".qkv_proj.", ".k_proj.", "k"),
+                              (".qkv_proj.", ".v_proj.", "v"), (".gate_up_proj.", ".gate_proj.", 0),
+                              (".gate_up_proj.", ".up_proj.", 1)]
 
     def __init__(self, config, max_model_len: int) -> None:
         super().__init__()
         self.config = config
         self.model = LlamaModel(config, max_model_len)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
         if getattr(config, "tie_word_embeddings", False):
-            self.lm_head.weight = self.model.embed_tokens.weight
+            self.lm_head.tie_weights(self.model.embed_tokens)
+        self.logits_processor = LogitsProcessor(config.vocab_size)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids, positions)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden_states)  # [num_logits, vocab_size]
+        return self.logits_processor(self.lm_head, hidden_states)  # [num_logits, vocab_size], on every rank
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         load_stacked(self, weights, self.stacked_params_mapping, skip=("rotary_emb.inv_freq",))
 
 
 def load_stacked(model: nn.Module, weights, mapping, skip=()) -> None:
-    """Copy HF tensors into our parameters, concatenating fused ones shard by shard in order."""
-    params = dict(model.named_parameters())
-    pending: dict[str, dict[int, torch.Tensor]] = {}
-    loaded = set()
+    """Hand each HF tensor to its parameter's weight_loader, which copies in this rank's slice; a tensor
+    named in `mapping` ((fused parameter, checkpoint name, shard)) goes to its shard of the fused one."""
+    params = dict(model.named_parameters())  # a tied lm_head's weight is the embedding's: listed once
+    tied = getattr(model.config, "tie_word_embeddings", False)
+    loaded: dict[str, set] = {}
     for name, tensor in weights:
         if any(s in name for s in skip):
             continue
-        for old, new, shard in mapping:
-            if old in name:
-                fused = name.replace(old, new)
-                pending.setdefault(fused, {})[shard] = tensor
+        target, shard_id = name, None
+        for param_name, weight_name, shard in mapping:
+            if weight_name in name:
+                target, shard_id = name.replace(weight_name, param_name), shard
                 break
-        else:
-            if name not in params:
-                if name == "lm_head.weight" and getattr(model.config, "tie_word_embeddings", False):
-                    continue
-                raise ValueError(f"checkpoint tensor {name!r} has no counterpart in {type(model).__name__}")
-            _copy(params[name], tensor, name)
-            loaded.add(name)
-    for fused, shards in pending.items():
-        _copy(params[fused], torch.cat([shards[i] for i in sorted(shards)], dim=0), fused)
-        loaded.add(fused)
-    tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
-    missing = set(params) - loaded - tied
+        if target not in params:
+            if name == "lm_head.weight" and tied:
+                continue
+            raise ValueError(f"checkpoint tensor {name!r} has no counterpart in {type(model).__name__}")
+        param = params[target]
+        loader = getattr(param, "weight_loader", None)
+        try:
+            if shard_id is None:
+                (loader or default_weight_loader)(param, tensor)
+            else:
+                loader(param, tensor, shard_id)
+        except ValueError as e:
+            raise ValueError(f"{name}: {e}") from None
+        loaded.setdefault(target, set()).add(shard_id)
+    missing = sorted(set(params) - set(loaded))
+    for target, shards in loaded.items():  # a fused parameter needs every one of its parts
+        wanted = {shard for param_name, _, shard in mapping if param_name in target}
+        if None not in shards and shards != wanted:
+            missing.append(f"{target} (shards {sorted(map(str, wanted - shards))})")
     if missing:
-        raise ValueError(f"checkpoint is missing tensors: {sorted(missing)[:5]}")
-
-
-def _copy(param: nn.Parameter, tensor: torch.Tensor, name: str) -> None:
-    if param.shape != tensor.shape:
-        raise ValueError(f"shape mismatch for {name}: model {tuple(param.shape)}, checkpoint {tuple(tensor.shape)}")
-    with torch.no_grad():
-        param.copy_(tensor)
+        raise ValueError(f"checkpoint is missing tensors: {missing[:5]}")

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from minivllm import envs
-from minivllm.models.layers import cpu_packed_linear_available, pack_linear_weights
+from minivllm.models.linear import cpu_packed_linear_available, pack_linear_weights
 from minivllm.utils.math_utils import is_number
 
 logger = logging.getLogger("minivllm")
@@ -176,11 +176,12 @@ def model_class_for(config) -> type[torch.nn.Module]:
     return {"llama": LlamaForCausalLM, "opt": OPTForCausalLM}[config.model_type]
 
 
-def get_model(folder: Path, config, max_model_len: int, dtype: torch.dtype, device: str) -> torch.nn.Module:
+def get_model(folder: Path, config, max_model_len: int, dtype: torch.dtype, device) -> torch.nn.Module:
+    """Build the model (this rank's shard of it under tensor parallelism) and load its weights."""
     model = model_class_for(config)(config, max_model_len)
     model.load_weights(iterate_weights(Path(folder)))
     model = model.to(device=device, dtype=dtype).eval()
-    if device == "cpu" and dtype in (torch.float32, torch.bfloat16):
+    if torch.device(device).type == "cpu" and dtype in (torch.float32, torch.bfloat16):
         from minivllm import _C
         _C.load()  # build (first time) or load the compiled CPU ops now, not inside the first step
         if cpu_packed_linear_available() and envs.cpu_packed_linear():

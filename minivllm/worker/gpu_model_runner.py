@@ -70,7 +70,7 @@ class GPUModelRunner:
         once EngineCore has sized it (num_gpu_blocks: allocate it now, for a runner driven by hand)."""
         self.model, self.device, self.block_size = model, torch.device(device), block_size
         self.max_model_len = max_model_len
-        self.vocab_size = model.lm_head.out_features
+        self.vocab_size = model.config.vocab_size
         self.attn_layers: dict[str, Attention] = {m.layer_name: m for m in model.modules() if isinstance(m, Attention)}
         self.attn_impl = get_attn_impl(attention_backend)
         self.kv_caches: list[torch.Tensor] = []

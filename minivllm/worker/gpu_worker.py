@@ -5,8 +5,10 @@ An Executor drives one Worker per rank through the same few calls, in vLLM's ord
 `determine_available_memory` (what is left for the KV cache once the weights are in), then
 `initialize_from_config` (allocate the pool EngineCore sized), and every step `execute_model`.
 The packing and the forward live in the runner; the worker only owns what a process holds.
+Under tensor parallelism (one Worker per process, started by MultiprocExecutor) `init_device` also
+joins the torch.distributed group of all ranks, so the model's layers are built as this rank's shard.
 Left out: WorkerWrapperBase (the executor holds the Worker itself), sleep mode, LoRA, CUDA graph
-capture and warm-up, distributed init (the next step: one rank per process).
+capture and warm-up.
 """
 from __future__ import annotations
 
@@ -21,6 +23,8 @@ from minivllm.attention.selector import get_attn_backend_name
 from minivllm.config import EngineConfig
 from minivllm.core.kv_cache_utils import KVCacheConfig, max_model_len_for, requested_kv_cache_bytes
 from minivllm.core.sched.output import SchedulerOutput
+from minivllm.distributed.parallel_state import (destroy_distributed_environment, destroy_model_parallel,
+                                                 init_distributed_environment, initialize_model_parallel)
 from minivllm.models.loader import get_model, load_config
 from minivllm.outputs import ModelRunnerOutput
 from minivllm.worker.gpu_model_runner import GPUModelRunner
@@ -56,27 +60,38 @@ def set_random_seed(seed: int) -> None:
 
 class Worker:
     def __init__(self, config: EngineConfig, model_folder: str, local_rank: int = 0, rank: int = 0,
-                 is_driver_worker: bool = True) -> None:
+                 distributed_init_method: str | None = None, is_driver_worker: bool = True) -> None:
         self.config, self.model_folder = config, model_folder
         self.local_rank, self.rank, self.is_driver_worker = local_rank, rank, is_driver_worker
+        self.distributed_init_method = distributed_init_method  # "tcp://master_addr:master_port"
         self.model_runner: GPUModelRunner | None = None
 
     def init_device(self) -> None:
-        """Seed this process and pick its device (vLLM also sets up torch.distributed here)."""
-        set_random_seed(self.config.seed)
-        if self.config.device == "cpu" and envs.keep_freed_memory():
+        """Pick the device, join the tensor-parallel group, seed this process (every rank alike, so that
+        each samples the same tokens from the same logits)."""
+        config = self.config
+        if config.device == "cpu" and envs.keep_freed_memory():
             keep_freed_memory()
-        self.device = torch.device(self.config.device)
+        if config.device == "cuda" and config.tensor_parallel_size > 1:
+            torch.cuda.set_device(self.local_rank)
+            self.device = torch.device("cuda", self.local_rank)
+        else:
+            self.device = torch.device(config.device)
+        tp = config.tensor_parallel_size
+        init_distributed_environment(tp, self.rank, self.distributed_init_method or "env://", self.local_rank,
+                                     backend="nccl" if config.device == "cuda" else "gloo")
+        initialize_model_parallel(tp)
+        set_random_seed(config.seed)
 
     def load_model(self) -> None:
         config = self.config
         hf_config = load_config(self.model_folder)
         max_model_len = max_model_len_for(config, hf_config)
-        model = get_model(self.model_folder, hf_config, max_model_len, _DTYPES[config.dtype], config.device)
+        model = get_model(self.model_folder, hf_config, max_model_len, _DTYPES[config.dtype], self.device)
         self.model_runner = GPUModelRunner(
             model, block_size=config.block_size, max_num_reqs=config.max_num_seqs, max_model_len=max_model_len,
             attention_backend=get_attn_backend_name(config.attention_backend, config.device, config.dtype),
-            device=config.device, seed=config.seed)
+            device=self.device, seed=config.seed)
 
     def determine_available_memory(self) -> int:
         """Bytes this worker's KV cache may take, measured now that the weights are in memory."""
@@ -93,7 +108,9 @@ class Worker:
         return self.model_runner.model
 
     def check_health(self) -> None:
-        return  # a worker in EngineCore's own process is alive as long as EngineCore is
+        return  # answering at all is the health: the executor notices a worker process that is gone
 
     def shutdown(self) -> None:
         self.model_runner = None
+        destroy_model_parallel()
+        destroy_distributed_environment()

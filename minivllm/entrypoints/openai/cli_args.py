@@ -27,6 +27,10 @@ def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--trace-max-steps", type=int, default=DEFAULT_TRACE_MAX_STEPS,
                         help="the live viewer at /trace keeps the last this many engine steps (minivllm's; tracing "
                              "runs only while a /trace page is open) (default: %(default)s)")
+    parser.add_argument("--headless", action="store_true",
+                        help="run this machine's tensor-parallel workers only, no server and no EngineCore: the "
+                             "launch on every node but node 0 (with --nnodes, --node-rank >= 1, --master-addr, "
+                             "--master-port); it ends when node 0's engine shuts down")
     parser.add_argument("--uvicorn-log-level", default="info",
                         choices=["critical", "error", "warning", "info", "debug", "trace"],
                         help="uvicorn's log level (default: %(default)s)")

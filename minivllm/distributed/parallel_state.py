@@ -1,0 +1,173 @@
+"""Mirror of vllm/distributed/parallel_state.py: the process groups a worker joins, and the one it computes in.
+
+Each worker process calls `init_distributed_environment(world_size, rank, "tcp://host:port", local_rank)`
+once (torch.distributed's TCP store is the rendezvous, on one machine or several), then
+`initialize_model_parallel(tensor_model_parallel_size)`; from then on a layer asks `get_tp_group()`
+for its rank, the group's size and the collectives. A GroupCoordinator holds two groups over the same
+ranks, as vLLM's: `device_group` for tensors (gloo on the CPU, NCCL where the tensors live on CUDA) and
+`cpu_group` (always gloo) for Python objects such as the SchedulerOutput the driver broadcasts.
+
+With tensor_parallel_size 1 no process group is created at all: `get_tp_group()` is a group of one whose
+collectives return their input (vLLM creates a one-rank group even then; minivllm skips the TCP store,
+so a single-process engine needs no free port). Left out: pipeline, data, expert and context parallel
+groups, custom all-reduce kernels, shared-memory broadcasters, device communicators.
+
+While `record` is set (tracing, see minivllm/tracing/tracer.py) each all-reduce and gather appends what
+it saw, its shapes and a few of its numbers before and after, to `records`; otherwise it costs one test.
+"""
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+# How long a rank waits for the others at a rendezvous or a collective before giving up. A dead peer is
+# noticed sooner by the executor (it watches every process); this only bounds a rank left waiting.
+DIST_TIMEOUT = timedelta(seconds=120)
+
+
+class GroupCoordinator:
+    """One group of ranks: who am I in it, how many are we, and the collectives over it."""
+
+    def __init__(self, ranks: list[int], backend: str | None) -> None:
+        self.ranks = list(ranks)
+        self.world_size = len(self.ranks)
+        if self.world_size == 1 or backend is None:
+            self.rank, self.rank_in_group, self.device_group, self.cpu_group = self.ranks[0], 0, None, None
+        else:
+            self.rank = dist.get_rank()
+            self.rank_in_group = self.ranks.index(self.rank)
+            self.device_group = dist.new_group(self.ranks, backend=backend, timeout=DIST_TIMEOUT)
+            self.cpu_group = self.device_group if backend == "gloo" else \
+                dist.new_group(self.ranks, backend="gloo", timeout=DIST_TIMEOUT)
+        self.is_first_rank = self.rank_in_group == 0
+        self.record = False
+        self.records: list[dict[str, Any]] = []
+
+    def _note(self, op: str, before: torch.Tensor, after: torch.Tensor | None) -> None:
+        entry = {"op": op, "shape": list(before.shape), "input": before.flatten()[:4].tolist()}
+        if after is not None:
+            entry.update(output_shape=list(after.shape), output=after.flatten()[:4].tolist())
+        self.records.append(entry)
+
+    def all_reduce(self, input_: torch.Tensor) -> torch.Tensor:
+        """Sum `input_` over the group, in place; every rank gets the sum."""
+        if self.world_size == 1:
+            return input_
+        before = input_.clone() if self.record else None
+        dist.all_reduce(input_, group=self.device_group)
+        if before is not None:
+            self._note("all_reduce", before, input_)
+        return input_
+
+    def all_gather(self, input_: torch.Tensor, dim: int = -1) -> torch.Tensor:
+        """Every rank's `input_` concatenated along `dim`, on every rank."""
+        if self.world_size == 1:
+            return input_
+        parts = [torch.empty_like(input_) for _ in range(self.world_size)]
+        dist.all_gather(parts, input_.contiguous(), group=self.device_group)
+        output = torch.cat(parts, dim=dim)
+        if self.record:
+            self._note("all_gather", input_, output)
+        return output
+
+    def gather(self, input_: torch.Tensor, dst: int = 0, dim: int = -1) -> torch.Tensor | None:
+        """Every rank's `input_` concatenated along `dim` on rank `dst` of the group; None elsewhere."""
+        if self.world_size == 1:
+            return input_
+        is_dst = self.rank_in_group == dst
+        parts = [torch.empty_like(input_) for _ in range(self.world_size)] if is_dst else None
+        dist.gather(input_.contiguous(), parts, dst=self.ranks[dst], group=self.device_group)
+        output = torch.cat(parts, dim=dim) if is_dst else None
+        if self.record:
+            self._note("gather", input_, output)
+        return output
+
+    def broadcast_object(self, obj: Any = None, src: int = 0) -> Any:
+        """Rank `src`'s Python object on every rank (pickled, over the gloo group)."""
+        if self.world_size == 1:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=self.ranks[src], group=self.cpu_group)
+        return box[0]
+
+    def gather_object(self, obj: Any, dst: int = 0) -> list[Any] | None:
+        """Every rank's object, in rank order, on rank `dst`; None elsewhere."""
+        if self.world_size == 1:
+            return [obj]
+        out = [None] * self.world_size if self.rank_in_group == dst else None
+        dist.gather_object(obj, out, dst=self.ranks[dst], group=self.cpu_group)
+        return out
+
+    def barrier(self) -> None:
+        if self.world_size > 1:
+            dist.barrier(group=self.cpu_group)
+
+
+_WORLD: GroupCoordinator | None = None
+_TP: GroupCoordinator | None = None
+
+
+def init_distributed_environment(world_size: int = 1, rank: int = 0, distributed_init_method: str = "env://",
+                                 local_rank: int = 0, backend: str = "gloo") -> None:
+    """Join the world of `world_size` ranks (a no-op for a world of one). Every rank calls this with the same
+    `distributed_init_method` ("tcp://master_addr:master_port"); rank 0 hosts the TCP store."""
+    global _WORLD
+    if _WORLD is not None:
+        if _WORLD.world_size != world_size:
+            raise RuntimeError(f"this process already joined a world of {_WORLD.world_size}, not {world_size}")
+        return
+    if world_size > 1 and not dist.is_initialized():
+        dist.init_process_group(backend, init_method=distributed_init_method, world_size=world_size, rank=rank,
+                                timeout=DIST_TIMEOUT)
+    _WORLD = GroupCoordinator(list(range(world_size)), backend if world_size > 1 else None)
+    _WORLD.rank, _WORLD.local_rank = rank, local_rank
+
+
+def initialize_model_parallel(tensor_model_parallel_size: int = 1) -> None:
+    """Split the world into tensor-parallel groups. Pipeline and data parallelism are left out, so the
+    world is exactly one tensor-parallel group and the TP group is the world's own (vLLM makes a second)."""
+    global _TP
+    if _WORLD is None:
+        raise RuntimeError("init_distributed_environment() must run before initialize_model_parallel()")
+    if _WORLD.world_size != tensor_model_parallel_size:
+        raise ValueError(f"world size {_WORLD.world_size} != tensor_model_parallel_size "
+                         f"{tensor_model_parallel_size}: minivllm has no other parallel dimension")
+    _TP = _WORLD
+
+
+def model_parallel_is_initialized() -> bool:
+    return _TP is not None
+
+
+_SINGLE = GroupCoordinator([0], None)  # what a model built outside any worker (a test, a notebook) computes in
+
+
+def get_tp_group() -> GroupCoordinator:
+    return _TP if _TP is not None else _SINGLE
+
+
+def get_world_group() -> GroupCoordinator:
+    return _WORLD if _WORLD is not None else _SINGLE
+
+
+def get_tensor_model_parallel_world_size() -> int:
+    return get_tp_group().world_size
+
+
+def get_tensor_model_parallel_rank() -> int:
+    return get_tp_group().rank_in_group
+
+
+def destroy_model_parallel() -> None:
+    global _TP
+    _TP = None
+
+
+def destroy_distributed_environment() -> None:
+    global _WORLD
+    _WORLD = None
+    if dist.is_initialized():
+        dist.destroy_process_group()
