@@ -55,6 +55,9 @@ ENVIRONMENT = [
            "collapse (unset if OMP_WAIT_POLICY is)"),
     EnvVar("OMP_WAIT_POLICY", "unset", _text,
            "PASSIVE: idle OpenMP threads sleep at once; ACTIVE: they spin without end"),
+    EnvVar("OMP_NUM_THREADS", "cores / ranks in each tensor-parallel worker", _text,
+           "OpenMP threads; unset, each tensor-parallel rank on a machine takes its share of the cores, bound to "
+           "them"),
     EnvVar("TRITON_INTERPRET", "1 without a GPU", _text,
            "run Triton kernels through the interpreter (set before any kernel)"),
 ]
@@ -92,6 +95,10 @@ def attention_backend() -> str | None:
 
 def keep_freed_memory() -> bool:
     return get("MINIVLLM_KEEP_FREED_MEMORY")
+
+
+def omp_num_threads() -> str | None:
+    return get("OMP_NUM_THREADS")
 
 
 def logging_level() -> str:

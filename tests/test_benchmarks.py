@@ -45,3 +45,12 @@ def test_shared_cpu_benchmark_runs_every_configuration(tiny_llama_folder, capsys
     out = capsys.readouterr().out
     for text in ("passive + neighbour", "active + neighbour", "spin-2000 + neighbour", "spin-2000 "):
         assert text in out
+
+
+def test_tensor_parallel_benchmark_runs_both_sizes(tiny_llama_folder, capsys, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["tensor_parallel.py", "--model", str(tiny_llama_folder), "--quick",
+                                      "--tensor-parallel-size", "2"])
+    runpy.run_path("benchmarks/tensor_parallel.py", run_name="__main__")
+    out = capsys.readouterr().out
+    for text in ("TP=1 vs TP=2", "round 1:", "ratios (TP=2 / TP=1) per round", "identical greedy tokens"):
+        assert text in out

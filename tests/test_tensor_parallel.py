@@ -191,3 +191,55 @@ def test_two_nodes_on_one_machine_give_the_same_tokens(tiny_llama_folder, tmp_pa
         prompts, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True), use_tqdm=False)]
     llm.shutdown()
     assert node0.stdout.strip().splitlines()[-1] == str(expected)
+
+
+def _worker_pids(pid: int) -> list[int]:
+    """Every descendant of `pid` (the server's EngineCore and its workers)."""
+    found, todo = [], [pid]
+    while todo:
+        kids = _children(todo.pop())
+        found += kids
+        todo += kids
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_serve_with_tensor_parallel_size_3_answers_the_openai_client(smollm_folder):
+    import openai
+    from minivllm.executor.multiproc_executor import get_open_port
+    port = get_open_port()
+    proc = subprocess.Popen([sys.executable, "-m", "minivllm", "serve", "--tensor-parallel-size", "3", "--port",
+                             str(port), "--max-model-len", "256", "--uvicorn-log-level", "warning"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="EMPTY", max_retries=0, timeout=120)
+        while True:  # bounded by the test's timeout; a server that exited fails at once
+            assert proc.poll() is None, proc.stdout.read()
+            try:
+                model = client.models.list().data[0].id
+                break
+            except openai.APIConnectionError:
+                time.sleep(0.2)
+        descendants = _worker_pids(proc.pid)
+        assert any(len(_children(pid)) == 3 for pid in descendants), descendants  # EngineCore and its 3 workers
+        done = client.completions.create(model=model, prompt=PROMPTS[1], max_tokens=8, temperature=0)
+        llm = LLM(str(smollm_folder), multiprocess=False, max_model_len=256)
+        expected = llm.generate([PROMPTS[1]], SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)
+        llm.shutdown()
+        assert done.choices[0].text == expected[0].outputs[0].text
+        chat = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=4)
+        assert chat.usage.completion_tokens >= 1
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+        assert _wait_gone(descendants) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_headless_is_for_the_other_nodes():
+    out = subprocess.run([sys.executable, "-m", "minivllm", "serve", "--headless", "--tensor-parallel-size", "3"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "--headless runs the workers of a node after the first" in out.stderr

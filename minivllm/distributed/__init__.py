@@ -1,10 +1,12 @@
-"""Mirror of vllm/distributed/: what is left of it with one worker in one process.
+"""Mirror of vllm/distributed/: process groups (parallel_state.py) and the collectives over them
+(communication_op.py), used by tensor parallelism.
 
 vLLM's `cleanup_dist_env_and_memory()` tears down the process groups, then frees what the
-engine held on the device. minivllm has no process groups; what remains is the memory: a
-dropped LLM's EngineCore child is stopped and reaped by the garbage collector's finalizer, an
-in-process EngineCore's tensors are freed, and the C heap is handed back to the OS (the engine
-turns glibc's trimming off while it runs, see worker.gpu_worker.keep_freed_memory).
+engine held on the device. minivllm's groups live in the worker processes and end with them (a
+TP=1 engine joins none); what remains is the memory: a dropped LLM's EngineCore child is stopped
+and reaped by the garbage collector's finalizer, an in-process EngineCore's tensors are freed, and
+the C heap is handed back to the OS (the engine turns glibc's trimming off while it runs, see
+worker.gpu_worker.keep_freed_memory).
 """
 from __future__ import annotations
 

@@ -23,9 +23,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-# How long a rank waits for the others at a rendezvous or a collective before giving up. A dead peer is
-# noticed sooner by the executor (it watches every process); this only bounds a rank left waiting.
-DIST_TIMEOUT = timedelta(seconds=120)
+# How long a rank waits for the others to join (init_process_group): nodes started minutes apart still meet.
+DIST_TIMEOUT = timedelta(seconds=300)
+# A group's collectives time out after this. Ranks 1..tp-1 wait for the next call inside a broadcast, for as
+# long as the engine sits idle, so the groups get no practical limit (gloo's default, 30 min, would kill an
+# idle server). A peer that dies is seen at once anyway: its connection closes ("Connection closed by peer").
+GROUP_TIMEOUT = timedelta(days=365)
 
 
 class GroupCoordinator:
@@ -39,9 +42,9 @@ class GroupCoordinator:
         else:
             self.rank = dist.get_rank()
             self.rank_in_group = self.ranks.index(self.rank)
-            self.device_group = dist.new_group(self.ranks, backend=backend, timeout=DIST_TIMEOUT)
+            self.device_group = dist.new_group(self.ranks, backend=backend, timeout=GROUP_TIMEOUT)
             self.cpu_group = self.device_group if backend == "gloo" else \
-                dist.new_group(self.ranks, backend="gloo", timeout=DIST_TIMEOUT)
+                dist.new_group(self.ranks, backend="gloo", timeout=GROUP_TIMEOUT)
         self.is_first_rank = self.rank_in_group == 0
         self.record = False
         self.records: list[dict[str, Any]] = []
@@ -51,6 +54,11 @@ class GroupCoordinator:
         if after is not None:
             entry.update(output_shape=list(after.shape), output=after.flatten()[:4].tolist())
         self.records.append(entry)
+
+    def label(self, name: str) -> None:
+        """While recording: name the layer whose collective was recorded last (tracing reads it)."""
+        if self.record and self.records:
+            self.records[-1].setdefault("layer", name)
 
     def all_reduce(self, input_: torch.Tensor) -> torch.Tensor:
         """Sum `input_` over the group, in place; every rank gets the sum."""
@@ -100,10 +108,6 @@ class GroupCoordinator:
         out = [None] * self.world_size if self.rank_in_group == dst else None
         dist.gather_object(obj, out, dst=self.ranks[dst], group=self.cpu_group)
         return out
-
-    def barrier(self) -> None:
-        if self.world_size > 1:
-            dist.barrier(group=self.cpu_group)
 
 
 _WORLD: GroupCoordinator | None = None
@@ -167,7 +171,8 @@ def destroy_model_parallel() -> None:
 
 
 def destroy_distributed_environment() -> None:
+    """Leave the world this process joined (a world of one joined nothing: the caller's own groups stay)."""
     global _WORLD
-    _WORLD = None
-    if dist.is_initialized():
+    if _WORLD is not None and _WORLD.world_size > 1 and dist.is_initialized():
         dist.destroy_process_group()
+    _WORLD = None

@@ -60,7 +60,8 @@ class EngineCore:
 
     def info(self) -> dict:
         return {"max_model_len": self.max_model_len, "num_gpu_blocks": self.num_gpu_blocks,
-                "block_size": self.block_size, "attention_backend": self.attention_backend, "pid": os.getpid()}
+                "block_size": self.block_size, "attention_backend": self.attention_backend, "pid": os.getpid(),
+                "tensor_parallel_size": self.model_executor.config.tensor_parallel_size}
 
     def add_request(self, request: EngineCoreRequest) -> None:
         self.scheduler.add_request(Request(request.request_id, request.prompt_token_ids, request.sampling_params,
@@ -118,6 +119,8 @@ class EngineCore:
         from minivllm.tracing.tracer import EngineTracer
         observers = self.scheduler.observers
         observers[:] = [o for o in observers if not isinstance(o, EngineTracer)]
+        if self.tracer is not None:
+            self.tracer.close()
         self.tracer = None
 
     def drain_trace(self) -> list:

@@ -31,8 +31,6 @@ from minivllm.engine.core import EngineCore, run_engine_core
 from minivllm.engine.exceptions import EngineDeadError
 from minivllm.engine.utils import child_setup, stop_process
 
-__all__ = ["EngineDeadError", "InprocClient", "SyncMPClient", "AsyncMPClient", "make_client"]
-
 
 def make_client(config: EngineConfig, model_folder: str, multiprocess: bool | None = None):
     if multiprocess is None:
@@ -62,7 +60,6 @@ class InprocClient:
             return self._core().step()  # in-process, consuming output means running a step
         except EngineDeadError as e:  # a worker process died: every later call says so too
             self._dead = str(e)
-            self._finalizer()
             raise
 
     def abort_requests(self, request_ids: list[str]) -> None:

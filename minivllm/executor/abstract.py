@@ -40,8 +40,10 @@ class Executor:
         """Start the workers and bring each to a loaded model (init_device, load_model)."""
         raise NotImplementedError
 
-    def collective_rpc(self, method: str | Callable, args: tuple = (), kwargs: dict | None = None) -> list[Any]:
-        """Run `method` on every worker; one result per rank, rank 0 first."""
+    def collective_rpc(self, method: str | Callable, args: tuple = (), kwargs: dict | None = None,
+                       unique_reply_rank: int | None = None, timeout: float | None = None) -> list[Any]:
+        """Run `method` on every worker; one result per rank, rank 0 first (with `unique_reply_rank`, only
+        that rank's, in a list of one). `timeout`: seconds to wait for the answer, None for no limit."""
         raise NotImplementedError
 
     def determine_available_memory(self) -> list[int]:

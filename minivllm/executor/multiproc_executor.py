@@ -1,7 +1,7 @@
 """Mirror of vllm/v1/executor/multiproc_executor.py: MultiprocExecutor, one worker process per rank.
 
-EngineCore's Executor starts `tensor_parallel_size / nnodes` WorkerProc processes on this machine (spawned,
-never forked). Each builds a Worker, joins the torch.distributed group of all ranks (gloo on the CPU, NCCL
+EngineCore's Executor starts `tensor_parallel_size / nnodes` worker processes on this machine (spawned,
+never forked; their side is multiproc_worker.py). Each builds a Worker, joins the torch.distributed group of all ranks (gloo on the CPU, NCCL
 on GPUs; rank 0 hosts the TCP store at `distributed_init_method`), and then waits for calls.
 
 How a call travels (vLLM broadcasts each call once through a shared-memory MessageQueue that every
@@ -27,14 +27,11 @@ queue, non-blocking execute_model futures, pipeline parallel ranks, Ray, worker 
 """
 from __future__ import annotations
 
-import ctypes
+import logging
 import multiprocessing
 import os
-import signal
 import socket
-import traceback
 import weakref
-from dataclasses import dataclass
 from multiprocessing.connection import wait
 from typing import Any, Callable
 
@@ -42,16 +39,14 @@ from minivllm.config import EngineConfig
 from minivllm.engine.exceptions import EngineDeadError
 from minivllm.engine.utils import child_setup
 from minivllm.executor.abstract import Executor
+from minivllm.executor.multiproc_worker import SHUTDOWN, WorkerFailure, worker_main
 from minivllm.outputs import ModelRunnerOutput
 
-SHUTDOWN = None  # the call that ends every worker's loop
+logger = logging.getLogger("minivllm")
 
-
-@dataclass
-class WorkerFailure:
-    """A call that raised in a worker: its rank and traceback, sent back instead of a result."""
-    rank: int
-    traceback: str
+# vLLM's VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS default: a step that takes longer means a rank is stuck (alive but
+# never answering, e.g. waiting in a collective for a peer that hangs); the engine is then declared dead.
+EXECUTE_MODEL_TIMEOUT_S = 300
 
 
 def get_open_port() -> int:
@@ -86,11 +81,15 @@ class MultiprocExecutor(Executor):
             stop_workers(self.workers, self.driver_conn)
             raise
 
-    def _receive(self) -> Any:
-        """The driver's next reply; a worker process that dies meanwhile raises EngineDeadError."""
+    def _receive(self, timeout: float | None = None) -> Any:
+        """The driver's next reply; a worker process that dies meanwhile, or no reply within `timeout`
+        seconds, raises EngineDeadError."""
         sentinels = {w.sentinel: w for w in self.workers}
         while True:
-            ready = wait([self.driver_conn, *sentinels])
+            ready = wait([self.driver_conn, *sentinels], timeout)
+            if not ready:
+                raise self._failed(f"no reply from rank 0 within {timeout} s (a rank is stuck); the ranks were "
+                                   f"stopped. Create a new LLM to continue.")
             if self.driver_conn in ready:
                 try:
                     reply = self.driver_conn.recv()
@@ -116,8 +115,9 @@ class MultiprocExecutor(Executor):
                             f"{worker.exitcode}; the other ranks were stopped. Create a new LLM to continue.")
 
     def collective_rpc(self, method: str | Callable, args: tuple = (), kwargs: dict | None = None,
-                       unique_reply_rank: int | None = None) -> list[Any]:
-        """Run `method` on every rank; one result per rank (or, with unique_reply_rank=0, the driver's only)."""
+                       unique_reply_rank: int | None = None, timeout: float | None = None) -> list[Any]:
+        """Run `method` on every rank; one result per rank (or, with unique_reply_rank=0, the driver's only).
+        `timeout`: seconds to wait for the reply (None: as long as it takes, e.g. loading the model)."""
         if self.is_failed or self.driver_conn is None:
             raise EngineDeadError("The tensor-parallel workers are gone (a worker failed, or the executor was "
                                   "shut down). Create a new LLM to continue.")
@@ -125,11 +125,12 @@ class MultiprocExecutor(Executor):
             self.driver_conn.send((method, args, kwargs or {}, unique_reply_rank))
         except (BrokenPipeError, OSError):
             raise self._dead(self.workers[0]) from None
-        reply = self._receive()
+        reply = self._receive(timeout)
         return [reply] if unique_reply_rank is not None else reply
 
     def execute_model(self, scheduler_output) -> ModelRunnerOutput:
-        return self.collective_rpc("execute_model", args=(scheduler_output,), unique_reply_rank=0)[0]
+        return self.collective_rpc("execute_model", args=(scheduler_output,), unique_reply_rank=0,
+                                   timeout=EXECUTE_MODEL_TIMEOUT_S)[0]
 
     def check_health(self) -> None:
         for worker in self.workers:
@@ -181,73 +182,19 @@ def stop_workers(workers: list, driver_conn) -> None:
         driver_conn.close()
 
 
-def _die_with_parent(parent_pid: int) -> None:
-    """Linux: SIGKILL this worker when the process that started it dies, however it dies."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass  # not Linux: the executor's shutdown and the daemon flag remain
-    if os.getppid() != parent_pid:  # the parent died before the request took effect
-        os._exit(1)
-
-
-def _split_threads(local_rank: int, local_world_size: int) -> None:
-    """This rank's share of the cores: threads = cores // local ranks, bound to its own cores if enough."""
-    import torch
-    if "OMP_NUM_THREADS" in os.environ:
-        return  # the user chose
-    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count()))
-    per_rank = max(1, len(cores) // local_world_size)
-    if len(cores) >= local_world_size:
-        os.sched_setaffinity(0, cores[local_rank * per_rank:(local_rank + 1) * per_rank])
-    torch.set_num_threads(per_rank)
-
-
-def worker_main(config: EngineConfig, model_folder: str, local_rank: int, rank: int, init_method: str,
-                conn, parent_pid: int) -> None:
-    """A worker process: join the group, then run calls until the driver broadcasts SHUTDOWN."""
-    _die_with_parent(parent_pid)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the caller's to handle
-    from minivllm.logger import init_engine_core_logger
-    init_engine_core_logger(f"VllmWorker rank={rank}")
-    _split_threads(local_rank, config.local_world_size)
-    from minivllm.distributed.parallel_state import get_world_group
-    from minivllm.worker.gpu_worker import Worker
-    worker = Worker(config, model_folder, local_rank, rank, init_method, is_driver_worker=rank == 0)
-    try:
-        worker.init_device()
-    except BaseException:
-        if conn is not None:
-            conn.send(WorkerFailure(rank, traceback.format_exc()))
-        raise
-    if conn is not None:
-        conn.send("READY")
-    world = get_world_group()
-    while True:
-        call = conn.recv() if conn is not None else None
-        method, args, kwargs, unique_reply_rank = world.broadcast_object(call, src=0)
-        if method is SHUTDOWN:
-            break
-        try:
-            fn = getattr(worker, method) if isinstance(method, str) else (lambda *a, **k: method(worker, *a, **k))
-            result = fn(*args, **kwargs)
-        except Exception:
-            if unique_reply_rank is not None and rank != unique_reply_rank:
-                raise  # nobody reads this rank's reply: dying is how it reports (the executor sees it)
-            result = WorkerFailure(rank, traceback.format_exc())
-        if unique_reply_rank is None:
-            result = world.gather_object(result, dst=0)
-        elif rank != unique_reply_rank:
-            continue
-        if conn is not None:
-            conn.send(result)
-    worker.shutdown()
-
-
-def run_headless(config: EngineConfig, model_folder: str) -> int:
-    """`--headless`: run this machine's ranks only (node_rank > 0); they take their calls from rank 0 on
-    node 0 and end when it ends. Returns the first non-zero exit code, or 0."""
-    workers, _ = start_workers(config, model_folder, distributed_init_method(config), with_driver=False)
+def run_headless(config: EngineConfig) -> int:
+    """`serve --headless` (vLLM's multi-node multiprocessing launch): this node's ranks only, no EngineCore and
+    no server; they take every call from rank 0 on node 0 and end when it ends. Returns their exit status."""
+    from minivllm.engine.processor import resolve_engine_config
+    if config.node_rank == 0 or config.nnodes < 2:
+        raise ValueError(f"--headless runs the workers of a node after the first: give --nnodes >= 2 and "
+                         f"--node-rank >= 1 (got --nnodes {config.nnodes} --node-rank {config.node_rank}); "
+                         f"node 0 runs the server itself, without --headless.")
+    config, model_folder, _ = resolve_engine_config(config)  # the same resolved dtype and sizes as node 0's
+    logger.info("headless node %d of %d: ranks %d-%d wait for rank 0 at %s:%d", config.node_rank, config.nnodes,
+                config.node_rank * config.local_world_size, (config.node_rank + 1) * config.local_world_size - 1,
+                config.master_addr, config.master_port)
+    workers, _ = start_workers(config, str(model_folder), distributed_init_method(config), with_driver=False)
     try:
         for worker in workers:
             worker.join()

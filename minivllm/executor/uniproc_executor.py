@@ -18,7 +18,9 @@ class UniProcExecutor(Executor):
         self.driver_worker.init_device()
         self.driver_worker.load_model()
 
-    def collective_rpc(self, method: str | Callable, args: tuple = (), kwargs: dict | None = None) -> list[Any]:
+    def collective_rpc(self, method: str | Callable, args: tuple = (), kwargs: dict | None = None,
+                       unique_reply_rank: int | None = None, timeout: float | None = None) -> list[Any]:
+        # one worker, in this thread: its answer is every rank's, and a call cannot be abandoned midway
         call = getattr(self.driver_worker, method) if isinstance(method, str) \
             else (lambda *a, **k: method(self.driver_worker, *a, **k))
         return [call(*args, **(kwargs or {}))]

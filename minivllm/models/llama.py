@@ -98,7 +98,7 @@ class LlamaModel(nn.Module):
         super().__init__()
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         rotary_emb = RotaryEmbedding(head_dim, max(max_model_len, 1), rope_parameters(config))
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, prefix="model.embed_tokens")
         self.layers = nn.ModuleList(LlamaDecoderLayer(config, rotary_emb, prefix=f"model.layers.{i}")
                                     for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -120,7 +120,7 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.model = LlamaModel(config, max_model_len)
-        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, prefix="lm_head")
         if getattr(config, "tie_word_embeddings", False):
             self.lm_head.tie_weights(self.model.embed_tokens)
         self.logits_processor = LogitsProcessor(config.vocab_size)

@@ -73,7 +73,8 @@ class OPTDecoderLayer(nn.Module):
 class OPTDecoder(nn.Module):
     def __init__(self, config) -> None:
         super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.word_embed_proj_dim)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.word_embed_proj_dim,
+                                                   prefix="model.decoder.embed_tokens")
         self.embed_positions = nn.Embedding(config.max_position_embeddings + 2, config.hidden_size)
         proj = config.word_embed_proj_dim != config.hidden_size
         self.project_in = ReplicatedLinear(config.word_embed_proj_dim, config.hidden_size, bias=False) if proj else None
@@ -109,7 +110,7 @@ class OPTForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.model = OPTModel(config)
-        self.lm_head = ParallelLMHead(config.vocab_size, config.word_embed_proj_dim)
+        self.lm_head = ParallelLMHead(config.vocab_size, config.word_embed_proj_dim, prefix="lm_head")
         if getattr(config, "tie_word_embeddings", True):
             self.lm_head.tie_weights(self.model.decoder.embed_tokens)
         self.logits_processor = LogitsProcessor(config.vocab_size)

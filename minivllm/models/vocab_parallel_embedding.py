@@ -27,7 +27,7 @@ class VocabParallelEmbedding(nn.Module):
         super().__init__()
         tp = get_tp_group()
         self.tp_rank, self.tp_size = tp.rank_in_group, tp.world_size
-        self.org_vocab_size, self.embedding_dim = num_embeddings, embedding_dim
+        self.org_vocab_size, self.embedding_dim, self.prefix = num_embeddings, embedding_dim, prefix
         self.num_embeddings_per_partition = cdiv(num_embeddings, self.tp_size)
         self.num_embeddings_padded = self.num_embeddings_per_partition * self.tp_size
         self.vocab_start_index = self.tp_rank * self.num_embeddings_per_partition
@@ -51,7 +51,9 @@ class VocabParallelEmbedding(nn.Module):
         outside = (input_ids < self.vocab_start_index) | (input_ids >= self.vocab_end_index)
         local_ids = (input_ids - self.vocab_start_index).masked_fill(outside, 0)
         output = F.embedding(local_ids, self.weight).masked_fill(outside.unsqueeze(-1), 0)
-        return tensor_model_parallel_all_reduce(output)
+        output = tensor_model_parallel_all_reduce(output)
+        get_tp_group().label(self.prefix)
+        return output
 
     def extra_repr(self) -> str:
         return (f"num_embeddings={self.num_embeddings_per_partition}, embedding_dim={self.embedding_dim}, "

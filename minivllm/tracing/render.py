@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from minivllm.tracing.prefix import prefix_hit_notes
+from minivllm.tracing.ranks import rank_lines
 from minivllm.tracing.text import NBSP, atom, clip, fmt_list  # noqa: F401  (fmt_list: notebooks use it)
 from minivllm.tracing.tracer import Trace
 
@@ -173,12 +174,16 @@ def render_trace(trace: Trace, console: Console, full_steps: int = 0, focus: str
     where = "a child process (IPC queues)" if trace.multiprocess else "the caller's process"
     console.rule("minivllm trace")
     put(console, "", f"EngineCore runs in {where}")
+    if info.get("tensor_parallel_size", 1) > 1:
+        put(console, "", f"model_executor: MultiprocExecutor, {info['tensor_parallel_size']} worker processes "
+                         f"(tensor_parallel_size={info['tensor_parallel_size']})")
     put(console, "", f"{info['num_gpu_blocks']} KV blocks of {info['block_size']} tokens (block 0 reserved), "
                      f"max_model_len={info['max_model_len']}, {info['attention_backend']} attention")
     put(console, "", f"Following request {focus}. A step that admits, preempts, resumes or finishes a request, or "
                      f"runs a prefill chunk of {focus}, prints in full; any other prints one line: "
                      f"request:sampled token, free blocks.")
     by_step: dict[int, dict] = {}
+    ranks_shown = False  # the tensor-parallel ranks print once, at the first full step
     for e in trace.events:
         if "step" in e:
             by_step.setdefault(e["step"], {})[e["kind"]] = e
@@ -204,6 +209,10 @@ def render_trace(trace: Trace, console: Console, full_steps: int = 0, focus: str
                 render_scheduler_output(e, console)
                 if "execute" in step:
                     render_batch(step["execute"], console)
+                    if "ranks" in step["execute"] and not ranks_shown:
+                        for head, body in rank_lines(step["execute"]["ranks"]):
+                            put(console, head, body)
+                        ranks_shown = True
                 render_update(step.get("execute"), step["update"], console, decode)
             else:
                 put(console, f"step {e['step']:>3}  ", step_line(e, step["update"], decode))

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from minivllm.request import RequestStatus
+from minivllm.tracing.ranks import describe_rank, set_collective_recording
 
 
 def _ids(values) -> list:
@@ -77,10 +78,16 @@ class EngineTracer:
 
     def __init__(self, model_executor, session: int | None = None) -> None:
         self.model_executor = model_executor
+        self.tensor_parallel = model_executor.config.tensor_parallel_size > 1
+        model_executor.collective_rpc(set_collective_recording, args=(True,))  # under TP: each rank's collectives
         self.session = session
         self.events: list[dict[str, Any]] = []
         self.step = 0
         self._blocks: dict[str, list[int]] = {}  # block ids per request as of the last schedule()
+
+    def close(self) -> None:
+        """Detached: the ranks stop recording their collectives."""
+        self.model_executor.collective_rpc(set_collective_recording, args=(False,))
 
     def drain(self) -> list[dict[str, Any]]:
         events, self.events = self.events, []
@@ -109,6 +116,8 @@ class EngineTracer:
 
     def on_update(self, scheduler, so, model_output, outputs) -> None:
         executed = self.model_executor.collective_rpc(describe_execute)[0]  # the driver rank's
+        if executed is not None and self.tensor_parallel:  # what every rank held and exchanged, from each
+            executed["ranks"] = self.model_executor.collective_rpc(describe_rank)
         if executed is not None:
             sampled = {r: t[0] for r, t in zip(model_output.req_ids, model_output.sampled_token_ids) if t}
             self._emit("execute", step=self.step, **executed, sampled=sampled)

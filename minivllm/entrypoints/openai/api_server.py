@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import logging
 import signal
 from http import HTTPStatus
 
@@ -40,8 +39,6 @@ from minivllm.entrypoints.openai.serving_completion import OpenAIServingCompleti
 from minivllm.entrypoints.openai.serving_engine import (ServerShuttingDownError, create_error_response,
                                                         error_from_exception)
 from minivllm.entrypoints.utils import RequestBodyLimit, body_error_message, check_unicode, with_cancellation
-
-logger = logging.getLogger("minivllm")
 
 GRACEFUL_SHUTDOWN_S = 5  # uvicorn's wait for requests at SIGTERM; they get a 503 one second before it ends
 
@@ -179,8 +176,9 @@ def run_server(args: argparse.Namespace) -> int | None:
     init_logger()
     if args.model_tag is not None:
         args.model = args.model_tag
-    if args.headless:
-        return run_headless_node(EngineArgs.from_cli_args(args))
+    if args.headless:  # this node's tensor-parallel workers only
+        from minivllm.executor.multiproc_executor import run_headless
+        return run_headless(EngineArgs.from_cli_args(args))
     engine = AsyncLLM.from_engine_args(EngineArgs.from_cli_args(args), args.served_model_name)
     app = build_app(engine, args.trust_request_chat_template, args.max_request_body_bytes, args.trace_max_steps)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
@@ -189,22 +187,6 @@ def run_server(args: argparse.Namespace) -> int | None:
         asyncio.run(serve_http(uvicorn.Server(config), engine))
     finally:
         engine.shutdown()
-
-
-def run_headless_node(config) -> int:
-    """`serve --headless`: this node's workers, which take every call from rank 0 on node 0 (vLLM's
-    multi-node multiprocessing launch); returns their exit status."""
-    from minivllm.engine.processor import resolve_engine_config
-    from minivllm.executor.multiproc_executor import run_headless
-    if config.node_rank == 0 or config.nnodes < 2:
-        raise ValueError(f"--headless runs the workers of a node after the first: give --nnodes >= 2 and "
-                         f"--node-rank >= 1 (got --nnodes {config.nnodes} --node-rank {config.node_rank}); "
-                         f"node 0 runs the server itself, without --headless.")
-    config, model_folder, _ = resolve_engine_config(config)
-    logger.info("headless node %d of %d: ranks %d-%d wait for rank 0 at %s:%d", config.node_rank, config.nnodes,
-                config.node_rank * config.local_world_size, (config.node_rank + 1) * config.local_world_size - 1,
-                config.master_addr, config.master_port)
-    return run_headless(config, str(model_folder))
 
 
 async def serve_http(server: uvicorn.Server, engine: AsyncLLM | None = None) -> None:
