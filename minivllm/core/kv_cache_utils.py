@@ -160,9 +160,10 @@ def get_kv_cache_config(config: EngineConfig, hf_config, available_memory: int) 
 
     Checked on the CPU against MemAvailable: the KV pool, plus the runner's per-request rows
     (max_num_seqs x max_model_len token ids and block-table entries), once per rank on this machine.
-    `available_memory` is one rank's; every rank allocates the same number of blocks of its own heads. vLLM's gpu_memory_utilization
-    is a fraction of the whole device, weights included; on a CPU shared with the OS that total means
-    little, so minivllm sizes only the KV cache from what is left after the weights.
+    `available_memory` is one rank's; every rank allocates the same number of blocks of its own heads.
+    vLLM's gpu_memory_utilization is a fraction of the whole device, weights included; on a CPU shared
+    with the OS that total means little, so minivllm sizes only the KV cache from what is left after the
+    weights.
     """
     max_model_len = max_model_len_for(config, hf_config)
     per_block = kv_cache_bytes_per_block(hf_config, config.block_size, _ITEMSIZE[config.dtype],

@@ -1,8 +1,9 @@
 """Mirror of vllm/v1/executor/multiproc_executor.py: MultiprocExecutor, one worker process per rank.
 
 EngineCore's Executor starts `tensor_parallel_size / nnodes` worker processes on this machine (spawned,
-never forked; their side is multiproc_worker.py). Each builds a Worker, joins the torch.distributed group of all ranks (gloo on the CPU, NCCL
-on GPUs; rank 0 hosts the TCP store at `distributed_init_method`), and then waits for calls.
+never forked; their side is multiproc_worker.py). Each builds a Worker, joins the torch.distributed group
+of all ranks (gloo on the CPU, NCCL on GPUs; rank 0 hosts the TCP store at `distributed_init_method`), and
+then waits for calls.
 
 How a call travels (vLLM broadcasts each call once through a shared-memory MessageQueue that every
 worker reads; minivllm uses a pipe and the process group the workers already share):
