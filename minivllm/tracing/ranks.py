@@ -1,8 +1,8 @@
 """Tracing under tensor parallelism: what each rank holds and exchanges, reported by the rank itself.
 
 `describe_rank` and `set_collective_recording` run inside the worker processes (EngineTracer calls them by
-`collective_rpc`, so they are module-level functions: a call is pickled by reference); `rank_lines` turns
-their answers into the lines `make trace` prints for one step.
+`collective_rpc`, so they are module-level functions: a call is pickled by reference; with TP=1 it makes no
+such call at all); `rank_lines` turns their answers into the lines `make trace` prints for one step.
 """
 from __future__ import annotations
 
@@ -17,6 +17,12 @@ def set_collective_recording(worker, on: bool) -> None:
     from minivllm.distributed.parallel_state import get_tp_group
     group = get_tp_group()
     group.record, group.records = on, []
+
+
+def record_collectives(model_executor, on: bool) -> None:
+    """In EngineCore: under tensor parallelism, have every rank record its collectives (or stop)."""
+    if model_executor.config.tensor_parallel_size > 1:
+        model_executor.collective_rpc(set_collective_recording, args=(on,))
 
 
 def describe_rank(worker) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from minivllm.request import RequestStatus
-from minivllm.tracing.ranks import describe_rank, set_collective_recording
+from minivllm.tracing.ranks import describe_rank, record_collectives
 
 
 def _ids(values) -> list:
@@ -79,7 +79,7 @@ class EngineTracer:
     def __init__(self, model_executor, session: int | None = None) -> None:
         self.model_executor = model_executor
         self.tensor_parallel = model_executor.config.tensor_parallel_size > 1
-        model_executor.collective_rpc(set_collective_recording, args=(True,))  # under TP: each rank's collectives
+        record_collectives(model_executor, True)
         self.session = session
         self.events: list[dict[str, Any]] = []
         self.step = 0
@@ -87,7 +87,7 @@ class EngineTracer:
 
     def close(self) -> None:
         """Detached: the ranks stop recording their collectives."""
-        self.model_executor.collective_rpc(set_collective_recording, args=(False,))
+        record_collectives(self.model_executor, False)
 
     def drain(self) -> list[dict[str, Any]]:
         events, self.events = self.events, []
