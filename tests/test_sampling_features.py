@@ -42,6 +42,26 @@ def metadata(n, **kw):
     return SamplingMetadata(**(base | kw))
 
 
+def test_random_rows_draw_from_their_distribution_and_never_a_masked_token():
+    """The inverse-CDF draw: 20,000 rows of one distribution land on each token as often as its probability
+    (within 0.015), never on a token of probability 0 or outside top_k; a greedy row in the batch stays greedy."""
+    probs = torch.tensor([0.1, 0.0, 0.6, 0.3, 0.0])
+    n = 20_000
+    logits = probs.clamp(min=1e-45).log().expand(n, -1).clone()
+    logits[0] = torch.tensor([0.0, 9.0, 0.0, 0.0, 0.0])  # row 0 is greedy: token 1
+    temperature = torch.ones(n)
+    temperature[0] = 0
+    md = metadata(n, temperature=temperature, all_greedy=False, generators=[torch.Generator().manual_seed(7)] * n)
+    sampled = Sampler()(logits, md).sampled_token_ids
+    assert sampled[0] == 1
+    freq = torch.bincount(sampled[1:], minlength=5).float() / (n - 1)
+    assert freq[1] == 0 and freq[4] == 0, freq
+    torch.testing.assert_close(freq, probs, atol=0.015, rtol=0)
+    top2 = Sampler()(logits[1:], metadata(n - 1, temperature=torch.ones(n - 1), all_greedy=False,
+                                          top_k=torch.full((n - 1,), 2), generators=md.generators[1:]))
+    assert set(top2.sampled_token_ids.tolist()) == {2, 3}  # token 0 (p 0.1) is outside the top 2
+
+
 def test_penalties_match_the_formula():
     torch.manual_seed(0)
     vocab = 12

@@ -5,11 +5,19 @@ In vLLM's order: logprobs are taken from the raw model distribution first
 allowed_token_ids whitelist, bad words, min_tokens (EOS and stop ids masked),
 logit_bias, then the penalties (repetition, frequency, presence). Greedy rows
 take the argmax of those processed logits. Random rows go on with temperature,
-min-p, top-k and top-p, then draw with the exponential-race trick (argmax of
-probs / Exp(1) noise), each row's noise coming from its request's own
-generator, so a seeded request samples the same tokens whatever else shares
-the batch. Every processing step is skipped when no row of the batch uses it.
-Left out: custom logits processors, logprobs_mode other than raw_logprobs.
+min-p, top-k and top-p, then draw one token per row by inverse CDF: one
+uniform number from the request's own generator, looked up in the row's
+cumulative probabilities, so a seeded request samples the same tokens whatever
+else shares the batch. Every processing step is skipped when no row of the
+batch uses it. Left out: custom logits processors, logprobs_mode other than
+raw_logprobs.
+
+Where we differ from vLLM: vLLM draws with the exponential race (argmax of
+probs / Exp(1) noise, one exponential number per vocabulary entry). Both draw
+exactly from the row's distribution; on this CPU torch's exponential_ costs
+about 0.9 ms per row of SmolLM2's 49,152 entries (35 ms of a 32-request decode
+step of 60-80 ms, measured 2026-12-05), the cumulative sum and lookup 0.03 ms.
+A seeded request's tokens are therefore reproducible here, not equal to vLLM's.
 """
 from __future__ import annotations
 
@@ -89,11 +97,11 @@ class Sampler:
             logits = logits.masked_fill(probs < threshold, float("-inf"))
         if md.top_k is not None or md.top_p is not None:
             logits = apply_top_k_top_p(logits, md.top_k, md.top_p)
-        probs = logits.softmax(dim=-1)
-        noise = torch.stack([torch.empty(logits.shape[1], device=logits.device).exponential_(generator=g)
-                             for g in md.generators])  # [num_logits, vocab_size]
-        random = (probs / noise).argmax(dim=-1)
-        return torch.where(is_greedy, greedy, random)
+        cdf = logits.softmax(dim=-1).cumsum(dim=-1)  # [num_logits, vocab_size]; masked tokens add nothing
+        u = torch.cat([torch.rand(1, generator=g, device=cdf.device) for g in md.generators])  # [num_logits]
+        # the first token whose cumulative mass exceeds u x the row's total (clamped: rounding at the very end)
+        random = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(1), right=True).squeeze(1)
+        return torch.where(is_greedy, greedy, random.clamp_(max=cdf.shape[1] - 1))
 
     @staticmethod
     def _logprobs(logits: torch.Tensor, sampled: torch.Tensor, k: int | None):
