@@ -50,6 +50,7 @@ def main(argv=None) -> None:
         print(json.dumps({"ready": True}), flush=True)
     rounds = (line for line in sys.stdin) if args.on_demand else range(args.rounds)
     for r, _ in enumerate(rounds):
+        llm.reset_prefix_cache()  # every round prefills cold, as a batch of new prompts would
         t = time.perf_counter()
         outs = llm.generate(prompts, params, use_tqdm=False)
         wall = time.perf_counter() - t

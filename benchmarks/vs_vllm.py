@@ -4,8 +4,9 @@ The workload is benchmarks/throughput.py's (32 requests, prompts 16-256 tokens, 
 ignore_eos, seed 0). vLLM runs in its own virtual environment (see benchmarks/vllm_cpu.py for the
 install) as a child process that keeps its engine warm and runs one round each time it is asked, so
 the systems take turns (vLLM, minivllm-bf16, minivllm, then the reverse) and the machine's noise hits
-all of them. Every round is printed, then the best of each, and how often the two bf16 engines' greedy
-tokens agree (where bf16 rounding lets them part, the first differing position is printed).
+all of them. Every round starts with the prefix cache reset in both engines, so each round prefills cold
+(the workload repeats, and a warm cache would turn rounds 2+ into cache hits). Every round is printed, then
+the best and the median of each, and how often the two bf16 engines' greedy tokens agree (where bf16 rounding lets them part, the first differing position is printed).
 
     python benchmarks/vs_vllm.py --vllm-python /work/vllm-cpu-venv/bin/python --rounds 3
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -86,14 +88,17 @@ def main(argv=None) -> None:
         vllm.stdin.close()
         vllm.wait(timeout=60)
     requested = sum(max_tokens)
-    base = min(times[f"vllm-{args.vllm_dtype}"])
-    print(f"{'system':<16}{'best s':>9}{'tok/s':>9}{'vs vLLM':>10}")
+    base, base_median = min(times[f"vllm-{args.vllm_dtype}"]), statistics.median(times[f"vllm-{args.vllm_dtype}"])
+    print(f"{'system':<16}{'best s':>9}{'tok/s':>9}{'vs vLLM':>10}{'median s':>10}{'vs vLLM':>10}")
     for name, t in times.items():
-        print(f"{name:<16}{min(t):>9.2f}{requested / min(t):>9.1f}{base / min(t):>9.2f}x")
+        median = statistics.median(t)
+        print(f"{name:<16}{min(t):>9.2f}{requested / min(t):>9.1f}{base / min(t):>9.2f}x{median:>10.2f}"
+              f"{base_median / median:>9.2f}x")
     compare_tokens(engines["bfloat16"], prompts, max_tokens, json.loads(vllm_tokens.read_text()))
 
 
 def timed(engine, prompts, max_tokens) -> float:
+    engine.llm.reset_prefix_cache()  # every round prefills cold, as vllm_cpu.py's rounds do
     t = time.perf_counter()
     engine.run(prompts, max_tokens)
     return time.perf_counter() - t

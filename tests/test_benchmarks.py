@@ -4,6 +4,8 @@ from __future__ import annotations
 import runpy
 import sys
 
+import pytest
+
 
 
 def test_throughput_benchmark_runs_all_three_systems(tiny_llama_folder, capsys, monkeypatch):
@@ -53,4 +55,16 @@ def test_tensor_parallel_benchmark_runs_both_sizes(tiny_llama_folder, capsys, mo
     runpy.run_path("benchmarks/tensor_parallel.py", run_name="__main__")
     out = capsys.readouterr().out
     for text in ("TP=1 vs TP=2", "round 1:", "ratios (TP=2 / TP=1) per round", "identical greedy tokens"):
+        assert text in out
+
+
+@pytest.mark.timeout(300)
+def test_serving_benchmark_runs_against_a_real_server(tiny_llama_folder, capsys, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["serve_vs_vllm.py", "--systems", "minivllm", "--model", str(tiny_llama_folder),
+                                      "--num-prompts", "4", "--concurrency", "2", "--rounds", "1", "--min-input", "4",
+                                      "--max-input", "8", "--min-output", "2", "--max-output", "4", "--dtype",
+                                      "float32", "--max-model-len", "256"])
+    runpy.run_path("benchmarks/serve_vs_vllm.py", run_name="__main__")
+    out = capsys.readouterr().out
+    for text in ("minivllm server ready", "round 1 minivllm", "output tok/s", "TTFT p50", "TPOT p50"):
         assert text in out
