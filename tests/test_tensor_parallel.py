@@ -144,6 +144,22 @@ def test_killing_a_worker_mid_generation_is_engine_dead_error_and_leaves_no_proc
     assert _wait_gone(workers + ([engine_core_pid] if engine_core_pid else [])) == []
 
 
+@pytest.mark.timeout(120)
+def test_a_worker_that_dies_while_the_engine_is_idle_ends_the_engine(tiny_llama_folder):
+    """EngineCore checks its workers every idle second: the engine ends at once (a server's /health turns 503),
+    not at the next request."""
+    llm = LLM(str(tiny_llama_folder), tensor_parallel_size=2, multiprocess=True, max_model_len=256)
+    core = llm.llm_engine.engine_core.process
+    workers = _children(core.pid)
+    os.kill(workers[0], signal.SIGKILL)
+    core.join(timeout=30)
+    assert not core.is_alive(), "EngineCore kept running without its rank 0"
+    with pytest.raises(EngineDeadError, match="died|failed"):
+        llm.generate(["hi"], SamplingParams(max_tokens=2), use_tqdm=False)
+    llm.shutdown()
+    assert _wait_gone(workers) == []
+
+
 def test_tensor_parallel_size_must_divide_the_heads(tiny_llama_folder):
     with pytest.raises(ValueError, match=re.escape("Total number of attention heads (4) must be divisible by tensor "
                                                    "parallel size (3).")):

@@ -167,6 +167,7 @@ def run_busy_loop(core: EngineCore, input_queue, send, parent_pid: int) -> None:
             message = None
             if os.getppid() != parent_pid:  # the caller is gone: do not outlive it
                 return
+            core.model_executor.check_health()  # a worker process that died while idle ends the engine now
         while message is not None:
             if isinstance(message, Shutdown):
                 return

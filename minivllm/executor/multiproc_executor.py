@@ -134,10 +134,11 @@ class MultiprocExecutor(Executor):
                                    timeout=EXECUTE_MODEL_TIMEOUT_S)[0]
 
     def check_health(self) -> None:
+        """Raise EngineDeadError if a local worker process is gone (no call to the ranks: EngineCore's busy
+        loop asks this every idle second, so a worker that dies while nothing runs is noticed too)."""
         for worker in self.workers:
             if not worker.is_alive():
                 raise self._dead(worker)
-        self.collective_rpc("check_health")
 
     def shutdown(self) -> None:
         if getattr(self, "_finalizer", None) is not None:
