@@ -68,3 +68,15 @@ def test_serving_benchmark_runs_against_a_real_server(tiny_llama_folder, capsys,
     out = capsys.readouterr().out
     for text in ("minivllm server ready", "round 1 minivllm", "output tok/s", "TTFT p50", "TPOT p50"):
         assert text in out
+
+
+@pytest.mark.timeout(300)
+def test_sweep_benchmark_prints_the_table_and_draws_the_figure(tiny_llama_folder, capsys, monkeypatch, tmp_path):
+    figure = tmp_path / "sweep.png"
+    monkeypatch.setattr(sys, "argv", ["sweep.py", "--systems", "minivllm", "--model", str(tiny_llama_folder), "--quick",
+                                      "--dtype", "float32", "--out", str(figure)])
+    runpy.run_path("benchmarks/sweep.py", run_name="__main__")
+    out = capsys.readouterr().out
+    for text in ("floor inputs", "concurrency      1", "prompt_len", "figure written"):
+        assert text in out
+    assert figure.stat().st_size > 10_000
