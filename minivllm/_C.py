@@ -36,9 +36,9 @@ _P, _I64, _INT, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_flo
 SIGNATURES: dict[str, tuple[list, object]] = {
     # cache.c: key, value, key_cache, value_cache, slot_mapping, num_tokens, row, key_stride, value_stride, dtype
     "reshape_and_cache": ([_P, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _INT], None),
-    # cpu_attn.c: out, query, key_cache, value_cache, block_table, token_index, req_index, kv_lens, num_queries,
-    # num_heads, num_kv_heads, head_size, block_size, block_table_stride, q_stride, out_stride, max_kv_len, scale, dtype
-    "paged_attention": ([_P] * 8 + [_I64] * 9 + [_F, _INT], None),
+    # cpu_attn.c: out, query, key_cache, value_cache, block_table, query_start_loc, seq_lens, num_reqs, num_heads,
+    # num_kv_heads, head_size, block_size, block_table_stride, q_stride, out_stride, scale, dtype
+    "paged_attention": ([_P] * 7 + [_I64] * 8 + [_F, _INT], None),
     # layernorm.c: out, x, weight, num_tokens, hidden, x_stride, eps, dtype / x, residual, weight, num_tokens, ...
     "rms_norm": ([_P, _P, _P, _I64, _I64, _I64, _F, _INT], None),
     "fused_add_rms_norm": ([_P, _P, _P, _I64, _I64, _F, _INT], None),
@@ -185,30 +185,31 @@ def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.T
 
 
 def paged_attention(output: torch.Tensor, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                    block_table: torch.Tensor, token_index: torch.Tensor, req_index: torch.Tensor,
-                    kv_lens: torch.Tensor, max_kv_len: int, scale: float) -> None:
-    """Causal attention for any query tokens, each reading its history straight from the paged cache.
+                    block_table: torch.Tensor, query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
+                    scale: float) -> None:
+    """Causal attention for every query row of a step, each request's history read straight from the paged cache.
 
     output/query [num_tokens, num_heads, head_size]; key/value_cache [num_blocks, block_size, num_kv_heads,
-    head_size] contiguous; block_table [num_reqs, max_blocks] int32. Query i is packed row token_index[i]
-    of request row req_index[i] and sees that request's first kv_lens[i] positions (its position + 1).
+    head_size] contiguous; block_table [num_reqs, max_blocks]. Request r's query rows are query_start_loc[r] ..
+    query_start_loc[r + 1] - 1, the last of its seq_lens[r] positions: row j of q_len sits at position
+    seq_lens[r] - q_len + j and sees keys 0 .. that position. Rows past query_start_loc[-1] are left alone.
     """
     num_heads, head_size = query.shape[1:]
     num_blocks, block_size, num_kv_heads, _ = key_cache.shape
-    if num_heads % num_kv_heads:
-        raise ValueError(f"{num_heads} query heads do not split evenly over {num_kv_heads} KV heads")
+    if num_heads % num_kv_heads or query_start_loc.numel() != seq_lens.numel() + 1:
+        raise ValueError(f"{num_heads} query heads over {num_kv_heads} KV heads, {query_start_loc.numel()} query "
+                         f"starts for {seq_lens.numel()} requests: heads must split evenly, starts be requests + 1")
     if not (key_cache.is_contiguous() and value_cache.is_contiguous() and block_table.stride(1) == 1):
         raise ValueError("paged_attention needs contiguous caches and block_table rows" + _ANY_LAYOUT)
     if not heads_contiguous(query, output):
         raise ValueError(f"paged_attention needs contiguous heads, got strides {query.stride()}, {output.stride()}"
                          + _ANY_LAYOUT)
-    block_table, kv_lens = block_table.to(torch.int32), kv_lens.to(torch.int32).contiguous()
-    token_index, req_index = token_index.to(torch.int64).contiguous(), req_index.to(torch.int64).contiguous()
+    block_table = block_table.to(torch.int32)
+    query_start_loc, seq_lens = query_start_loc.to(torch.int32).contiguous(), seq_lens.to(torch.int32).contiguous()
     _lib.paged_attention(output.data_ptr(), query.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(),
-                         block_table.data_ptr(), token_index.data_ptr(), req_index.data_ptr(), kv_lens.data_ptr(),
-                         token_index.numel(), num_heads, num_kv_heads, head_size, block_size, block_table.stride(0),
-                         query.stride(0), output.stride(0), max_kv_len, scale,
-                         _dtype(output, query, key_cache, value_cache))
+                         block_table.data_ptr(), query_start_loc.data_ptr(), seq_lens.data_ptr(), seq_lens.numel(),
+                         num_heads, num_kv_heads, head_size, block_size, block_table.stride(0), query.stride(0),
+                         output.stride(0), scale, _dtype(output, query, key_cache, value_cache))
 
 
 def pack_linear_weight(weight: torch.Tensor) -> torch.Tensor:

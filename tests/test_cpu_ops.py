@@ -2,7 +2,8 @@
 
 Each op is run on shapes that reach its special cases (strided rows, tails of a panel or a row
 tile, grouped query heads, head sizes with and without the vector path) and compared with the
-plain PyTorch formula it replaces; decode attention is compared with a float64 gather + softmax.
+plain PyTorch formula it replaces; paged attention (decodes and prefill chunks in one call) is compared
+with float64 causal SDPA over the history gathered through the block table.
 """
 from __future__ import annotations
 
@@ -82,61 +83,71 @@ def test_linear_small_batch_matches_a_matmul(m, n, k, bias):
     torch.testing.assert_close(out, F.linear(x, weight, b), rtol=1e-5, atol=1e-5)
 
 
-def reference_attention(query, key_cache, value_cache, block_table, kv_lens, scale):
-    """Per query row: gather the first kv_lens[i] positions through block_table, softmax(q k^T * scale) v, float64."""
+def reference_attention(query, key_cache, value_cache, block_table, query_start_loc, seq_lens, scale):
+    """Causal SDPA per request over its history gathered through block_table, in float64: request r's rows
+    query_start_loc[r] .. [r + 1] - 1 are the last of its seq_lens[r] positions, each seeing keys up to its own."""
     num_heads, kv_heads = query.shape[1], key_cache.shape[2]
-    out = torch.empty_like(query)
-    for i in range(query.shape[0]):
-        k = gather_history(key_cache, block_table[i], int(kv_lens[i])).double()  # [L, kv_heads, D]
-        v = gather_history(value_cache, block_table[i], int(kv_lens[i])).double()
-        k, v = (t.repeat_interleave(num_heads // kv_heads, dim=1) for t in (k, v))  # [L, num_heads, D]
-        p = torch.softmax(torch.einsum("hd,lhd->hl", query[i].double(), k) * scale, dim=-1)
-        out[i] = torch.einsum("hl,lhd->hd", p, v).float()
+    out = torch.zeros(query.shape, dtype=torch.float64)
+    for r in range(len(seq_lens)):
+        start, end, seq_len = int(query_start_loc[r]), int(query_start_loc[r + 1]), int(seq_lens[r])
+        k, v = (gather_history(c, block_table[r], seq_len).double().repeat_interleave(num_heads // kv_heads, dim=1)
+                for c in (key_cache, value_cache))  # [seq_len, num_heads, D]
+        positions = torch.arange(seq_len - (end - start), seq_len)
+        mask = torch.arange(seq_len)[None, :] <= positions[:, None]  # [q_len, seq_len]
+        out[start:end] = F.scaled_dot_product_attention(query[start:end].double().transpose(0, 1), k.transpose(0, 1),
+                                                        v.transpose(0, 1), attn_mask=mask, scale=scale).transpose(0, 1)
     return out
 
 
-@pytest.mark.parametrize("num_heads,kv_heads,head_size,block_size", [
+def attention_batch(q_lens, contexts, num_heads, kv_heads, head_size, block_size, dtype=torch.float32):
+    """A step of requests with q_lens[r] query rows after contexts[r] positions already cached: their blocks
+    scattered over the cache (block 0, the null block, unused), the queries a strided view of packed qkv rows
+    with two padding rows after the last request, as the model hands them over."""
+    torch.manual_seed(head_size * block_size + num_heads)
+    seq_lens = [q + c for q, c in zip(q_lens, contexts)]
+    blocks = [-(-s // block_size) for s in seq_lens]
+    key_cache, value_cache = (torch.randn(sum(blocks) + 3, block_size, kv_heads, head_size).to(dtype) for _ in "kv")
+    ids = (torch.randperm(sum(blocks) + 2) + 1).to(torch.int32)
+    block_table = torch.zeros(len(q_lens), max(blocks) + 1, dtype=torch.int32)
+    for r, n in enumerate(blocks):
+        block_table[r, :n] = ids[sum(blocks[:r]):sum(blocks[:r]) + n]
+    rows = sum(q_lens) + 2
+    qkv = (torch.randn(rows, (num_heads + 2 * kv_heads) * head_size) * 3).to(dtype)  # * 3: peaked softmaxes
+    query = qkv[:, :num_heads * head_size].view(rows, num_heads, head_size)
+    query_start_loc = torch.tensor([0] + [sum(q_lens[:r + 1]) for r in range(len(q_lens))], dtype=torch.int32)
+    return query, key_cache, value_cache, block_table, query_start_loc, torch.tensor(seq_lens, dtype=torch.int32)
+
+
+# Query lengths 1 (a decode: the row path), 3 .. 100 (prefill chunks: the tile path), most after a cached
+# context (chunked prefill: the first row sits past position 0), one prompt from position 0, all in one call.
+STEP = ([1, 3, 17, 33, 100, 20], [37, 5, 70, 64, 21, 0])
+ATTENTION_LAYOUTS = [
     (9, 3, 64, 16),  # SmolLM2: three query heads per KV head
+    (9, 3, 64, 4),  # small blocks: one KV tile spans eight of them
     (4, 4, 32, 8),  # no grouping
-    (16, 1, 80, 16),  # 16 query heads on one KV head: four groups of four
-    (6, 2, 72, 32),  # a head size the vector path does not take
+    (16, 1, 80, 16),  # 16 query heads on one KV head; head_size 80, not a multiple of 32
+    (10, 2, 80, 4),  # five heads per KV head: 9 tokens a tile, 45 rows padded to 48
+    (6, 2, 72, 32),  # a head size the vector paths do not take: plain-C tiles and rows
     (8, 2, 128, 16),
-])
-def test_paged_attention_reads_history_through_the_block_table(num_heads, kv_heads, head_size, block_size):
-    torch.manual_seed(head_size)
-    num_blocks, num_reqs = 64, 3
-    key_cache = torch.randn(num_blocks, block_size, kv_heads, head_size)
-    value_cache = torch.randn(num_blocks, block_size, kv_heads, head_size)
-    # every request owns distinct, scattered physical blocks (block 0 is the null block)
-    block_table = (torch.randperm(num_blocks - 1)[:num_reqs * 4].view(num_reqs, 4) + 1).to(torch.int32)
-    # a step mixing a decode (request 2, 3 blocks of history), a prefill chunk with history (request 0,
-    # positions block_size-1 .. block_size+2) and a prompt's first tokens (request 1, positions 0..2)
-    req_index = torch.tensor([2, 0, 0, 0, 0, 1, 1, 1])
-    kv_lens = torch.tensor([3 * block_size + 1, block_size, block_size + 1, block_size + 2, block_size + 3, 1, 2, 3],
-                           dtype=torch.int32)
-    query = torch.randn(len(req_index), num_heads, head_size)
-    want = reference_attention(query, key_cache, value_cache, block_table[req_index], kv_lens, head_size**-0.5)
-    # the queries sit at scattered rows of a bigger packed batch
-    packed = torch.full((12, num_heads, head_size), float("nan"))
-    token_index = torch.tensor([7, 0, 3, 9, 1, 5, 11, 2])
-    packed[token_index] = query
-    out = torch.full_like(packed, float("nan"))
-    _C.paged_attention(out, packed, key_cache, value_cache, block_table, token_index, req_index, kv_lens,
-                       int(kv_lens.max()), head_size**-0.5)
-    torch.testing.assert_close(out[token_index], want, rtol=1e-5, atol=1e-5)
-    untouched = torch.ones(12, dtype=torch.bool)
-    untouched[token_index] = False
-    assert out[untouched].isnan().all()  # rows that are not queries are left alone
+]
 
 
-def test_plan_queries_gives_each_token_its_request_and_causal_length():
-    from minivllm.attention.backends.cpu_attn import plan_queries
-    from minivllm.attention.backends.utils import AttentionMetadata
-    md = AttentionMetadata(num_actual_tokens=4, max_query_len=3, query_start_loc=torch.tensor([0, 3, 4]),
-                           max_seq_len=9, seq_lens=torch.tensor([3, 9]), block_table=torch.zeros(2, 1),
-                           slot_mapping=torch.zeros(4), query_start_loc_cpu=[0, 3, 4], seq_lens_cpu=[3, 9])
-    plan = plan_queries(md)
-    assert plan.req_index.tolist() == [0, 0, 0, 1] and plan.kv_lens.tolist() == [1, 2, 3, 9]
+@pytest.mark.parametrize("num_heads,kv_heads,head_size,block_size", ATTENTION_LAYOUTS)
+def test_paged_attention_matches_causal_sdpa_over_the_gathered_history(num_heads, kv_heads, head_size, block_size):
+    query, key_cache, value_cache, block_table, qsl, seq_lens = attention_batch(*STEP, num_heads, kv_heads,
+                                                                                head_size, block_size)
+    want = reference_attention(query, key_cache, value_cache, block_table, qsl, seq_lens, head_size**-0.5)
+    out = torch.full_like(query, float("nan"))
+    _C.paged_attention(out, query, key_cache, value_cache, block_table, qsl, seq_lens, head_size**-0.5)
+    n = int(qsl[-1])
+    torch.testing.assert_close(out[:n], want[:n].float(), rtol=1e-5, atol=1e-5)
+    assert out[n:].isnan().all()  # rows past the last request are left alone
+
+
+def test_paged_attention_refuses_metadata_that_does_not_fit():
+    query, key_cache, value_cache, block_table, qsl, seq_lens = attention_batch([2, 3], [0, 4], 4, 2, 32, 8)
+    with pytest.raises(ValueError, match="starts be requests \\+ 1"):
+        _C.paged_attention(torch.empty_like(query), query, key_cache, value_cache, block_table, qsl[1:], seq_lens, 1.0)
 
 
 def test_the_library_is_cached_and_keyed_by_its_source(tmp_path, monkeypatch):
@@ -176,8 +187,8 @@ def test_the_plain_c_paths_agree_too(tmp_path, monkeypatch):
     test_rms_norm_matches_the_hf_formula_on_strided_rows()
     test_fused_add_rms_norm_adds_the_residual_then_normalises_in_place()
     test_reshape_and_cache_writes_each_token_to_its_slot_and_skips_padding()
-    for layout in [(9, 3, 64, 16), (16, 1, 80, 16)]:
-        test_paged_attention_reads_history_through_the_block_table(*layout)
+    for layout in ATTENTION_LAYOUTS[:5]:
+        test_paged_attention_matches_causal_sdpa_over_the_gathered_history(*layout)
     for m in (1, 9):
         test_linear_small_batch_matches_a_matmul(m, 70, 40, True)
     test_silu_and_mul_matches_torch_including_extreme_gates()

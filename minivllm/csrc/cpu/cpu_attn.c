@@ -1,27 +1,55 @@
 /* Mirror of vLLM's csrc/cpu/cpu_attn.cpp (the CPU attention backend's kernel): paged attention for
  * every query token of a step in one call, the read path.
  *
- * Design: one work item = (query token, KV head, a group of up to 4 of the query heads that share
- * that KV head). A token at position pos sees the first kv_len = pos + 1 positions of its request's
- * history, this step's own K/V included (they were written to the cache just before). Each of those
- * K and V rows is read once per item, straight from the paged cache, in three passes over the
- * request's block_table: scores q.k (position p lives in physical block block_table[p / block_size],
- * row p % block_size), then the softmax, then the p-weighted sum of V. Decodes and prefill chunks
- * take the same path, as in vLLM's unified attention; nothing is copied out of the cache first,
- * which is what the PyTorch path pays for. With AVX-512 and head_size a multiple of 16 the group's
- * queries and outputs stay in registers; otherwise a plain loop nest computes the same thing.
+ * The step comes per request, as vLLM's unified attention takes it: request r's query rows are the packed
+ * rows query_start_loc[r] .. query_start_loc[r + 1] - 1, the last q_len of its seq_lens[r] positions, so
+ * row j sits at position pos = seq_lens[r] - q_len + j and sees keys 0 .. pos (this step's own K/V were
+ * written to the cache just before). K/V are read in place: position p lives in physical block
+ * block_table[r][p / block_size], row p % block_size. A decode is a request with q_len 1; a prefill chunk
+ * has q_len > 1, and, chunked, its first row sits past position 0.
  *
- *   query/out  [num_tokens, num_heads, head_size] rows q_stride / out_stride apart
+ * Work items are (request, tile of up to TILE_ROWS / heads-per-KV-head of its query tokens, KV head),
+ * handed out by OpenMP, each request's latest tiles first (they see the most history). An item serves
+ * every query head that shares its KV head, one of two ways:
+ *
+ *  - Tiles (flash attention's order; every request with q_len > 1). The item's rows are its (token,
+ *    query head) pairs: 48 for SmolLM2, 16 tokens x 3 heads. It walks keys 0 .. (its last position)
+ *    TILE_KV at a time: packs that K tile (transposed) and V tile once into per-thread buffers, computes
+ *    the rows x TILE_KV scores, masks each row causally, updates an online softmax (per row a running max
+ *    m and sum l; when m grows, what was accumulated so far is scaled by exp(m_old - m_new)) and adds P.V
+ *    into float32 accumulators, divided by l once at the end. K/V rows are read once per item instead of
+ *    once per query row, and both products are register-blocked (RB rows x TILE_KV positions, RB rows x
+ *    64 dims) with no horizontal sums in their inner loops: the item is bound by arithmetic.
+ *  - Rows (decodes): one query token at a time, a group of up to 4 heads, three passes over the history
+ *    (scores, softmax, P.V). With one query row there is nothing to share a packed tile with, and this
+ *    path is the faster one for it.
+ *
+ * Arithmetic per build (-march=native; the library is built per CPU). Tiles: bf16 with AVX512_BF16 runs
+ * both products as vdpbf16ps (pairs of bf16, float32 sums; the probabilities are rounded to bf16 for P.V,
+ * as PyTorch's own CPU flash attention does, and their exponential is a shorter one, exp16_for_bf16);
+ * float32, or bf16 without AVX512_BF16, runs AVX-512 float32 FMAs; without AVX-512, or for a head_size
+ * that is not a multiple of 16, plain C loops compute the same tiles. Rows: AVX-512 float32 FMAs, or plain
+ * C. Each plain-C path is written first, as the reference of the vector code after it.
+ *
+ *   query/out  [num_tokens, num_heads, head_size] rows q_stride / out_stride apart (elements)
  *   key_cache, value_cache  [num_blocks, block_size, num_kv_heads, head_size], contiguous
- *   token_index[i]  the packed row of query i;  req_index[i]  its row in block_table;  kv_lens[i]  keys it sees
+ *   block_table  [num_reqs, >= blocks of the longest], rows block_table_stride apart
+ *   query_start_loc [num_reqs + 1], seq_lens [num_reqs]  int32
  *
- * The scalar path (attend_generic) comes first; the AVX-512 one computes the same sums in registers.
  * Left out: vLLM's AMX/NEON/VSX paths, sliding windows, ALiBi, soft-capping, sinks, fp8 caches.
  */
 #include "cpu_types.h"
 #include "ops.h"
 
-#define GROUP 4
+#define GROUP 4          /* query heads per row-path item */
+#define TILE_KV 64       /* KV positions per tile: a multiple of 32 (score vectors per row go in pairs) */
+#define KV_VECS (TILE_KV / 16)
+#define TILE_ROWS 48     /* query rows per tile item: TILE_TOKENS = TILE_ROWS / (query heads per KV head) */
+#define ROW_PATH_MAX_QUERY 1 /* requests with at most this many query tokens take the row path */
+#define RB 6             /* rows per register block of the tile products */
+#define MODE_GENERIC 0   /* tile path, plain C */
+#define MODE_F32 1       /* tile path, AVX-512 float32 FMAs */
+#define MODE_DP 2        /* tile path, AVX512_BF16 dot products */
 
 typedef struct {
     const void *key_cache, *value_cache;
@@ -34,6 +62,8 @@ AI int64_t history_row(const History *h, int64_t p) {
     int64_t slot = (int64_t)h->blocks[p / h->block_size] * h->block_size + p % h->block_size;
     return slot * h->row + h->head_offset;
 }
+
+/* ---- the row path ----------------------------------------------------------------------------------- */
 
 /* Each head's scores become exp(score - max) in place; inv[g] gets 1 / their sum. */
 static void softmax_rows(float *scores, const float *maxs, float *inv, int heads, int64_t seq_len) {
@@ -74,7 +104,82 @@ AI void attend_generic(void *out, int64_t out_head_stride, const void *q, const 
         for (int64_t d = 0; d < hs; d++) store(out, g * out_head_stride + d, acc[g * hs + d] * inv[g], bf);
 }
 
+/* ---- the tile path: what every instruction set shares, then the plain-C products ------------------------ */
+
+typedef struct {  /* one thread's buffers for the tile path; rows = TILE_ROWS or more, padded to RB */
+    float *s;           /* [rows][TILE_KV] scores of one KV tile, then its probabilities */
+    float *o;           /* [rows][head_size] the P.V accumulators */
+    float *m, *l, *alpha;  /* [rows] running max, running sum, this tile's rescale of what came before */
+    int *n;             /* [rows] how many of this KV tile's positions row r sees (0 .. TILE_KV) */
+    const char **q;     /* [rows] each row's query head */
+    int64_t *off;       /* [TILE_KV] element offset of each position's K/V row in its cache */
+    void *kt, *v;       /* the packed K tile (transposed) and V tile, layouts per instruction set */
+    uint32_t *pw;       /* [rows][TILE_KV / 2] probabilities as bf16 pairs (AVX512_BF16 path) */
+} TileBuffers;
+
+typedef struct {  /* one tile item: `tokens` query tokens from position pos0 on, all `heads` of one KV head */
+    History h;
+    int64_t pos0, q_stride, out_stride;
+    int tokens, heads;
+    const char *q;  /* the first token's first query head of this KV head */
+    char *out;
+} TileItem;
+
+/* Online softmax over one KV tile, row by row: row r sees the tile's first n[r] positions. Its scores
+ * (scaled dot products) become probabilities relative to the new running max, zero past n[r];
+ * alpha[r] = exp(m_old - m_new) is what the accumulated P.V and sum must be scaled by. A row that sees
+ * nothing of this tile keeps everything (alpha 1, probabilities 0). */
+static void online_softmax(float *s, float *m, float *l, float *alpha, const int *n, int rows) {
+    for (int r = 0; r < rows; r++) {
+        float *sr = s + r * TILE_KV, mx = m[r], total = 0.0f;
+        int nr = n[r];
+        if (nr == 0) {
+            alpha[r] = 1.0f;
+            memset(sr, 0, sizeof(float) * TILE_KV);
+            continue;
+        }
+#pragma omp simd reduction(max : mx)
+        for (int c = 0; c < nr; c++) mx = sr[c] > mx ? sr[c] : mx;
+#pragma omp simd reduction(+ : total)
+        for (int c = 0; c < TILE_KV; c++) {
+            float e = c < nr ? exp_f32(sr[c] - mx) : 0.0f;
+            sr[c] = e;
+            total += e;
+        }
+        alpha[r] = m[r] == -INFINITY ? 0.0f : exp_f32(m[r] - mx);
+        l[r] = l[r] * alpha[r] + total;
+        m[r] = mx;
+    }
+}
+
+/* Scores of the rows that see this tile, one scaled dot product each, K read in place. */
+AI void scores_generic(float *s, const int *n, int rows, const char *const *q, const History *h,
+                       const int64_t *off, float scale, int bf) {
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < n[r]; c++) {
+            float dot = 0.0f;
+            for (int64_t d = 0; d < h->head_size; d++)
+                dot = fmaf(load(q[r], d, bf), load(h->key_cache, off[c] + d, bf), dot);
+            s[r * TILE_KV + c] = dot * scale;
+        }
+}
+
+/* o[r] = o[r] * alpha[r] + sum_c p[r][c] * V[c], V read in place. */
+AI void pv_generic(float *o, const float *p, const float *alpha, const int *n, int rows, const History *h,
+                   const int64_t *off, int bf) {
+    int64_t hs = h->head_size;
+    for (int r = 0; r < rows; r++) {
+        if (n[r] == 0) continue;
+        float *orow = o + r * hs;
+        for (int64_t d = 0; d < hs; d++) orow[d] *= alpha[r];
+        for (int c = 0; c < n[r]; c++)
+            for (int64_t d = 0; d < hs; d++)
+                orow[d] = fmaf(p[r * TILE_KV + c], load(h->value_cache, off[c] + d, bf), orow[d]);
+    }
+}
+
 #ifdef __AVX512F__
+/* ---- the row path with AVX-512 --------------------------------------------------------------------------- */
 #define MAX_VECS 16 /* head_size <= 256 */
 
 /* The same computation with head_size = 16 * nv; nv, heads and bf are constants after inlining. */
@@ -115,7 +220,7 @@ AI void attend_avx512(void *out, int64_t out_head_stride, const void *q, const H
             store16(out, g * out_head_stride + 16 * j, _mm512_mul_ps(acc[g][j], _mm512_set1_ps(inv[g])), bf);
 }
 
-/* One work item on the AVX-512 path: constant shapes for the common head sizes (64 and 128). */
+/* One row-path item on AVX-512: constant shapes for the common head sizes (64 and 128). */
 AI void attend_item_avx512(void *o, int64_t head_size, const void *q, const History *h, int heads, float scale,
                            float *scores, int bf) {
     int nv = (int)(head_size / 16);
@@ -126,42 +231,417 @@ AI void attend_item_avx512(void *o, int64_t head_size, const void *q, const Hist
     }
 #undef CASE
 }
-#endif
 
-void paged_attention(void *out, const void *query, const void *key_cache, const void *value_cache,
-                     const int32_t *block_table, const int64_t *token_index, const int64_t *req_index,
-                     const int32_t *kv_lens, int64_t num_queries, int64_t num_heads, int64_t num_kv_heads,
-                     int64_t head_size, int64_t block_size, int64_t block_table_stride, int64_t q_stride,
-                     int64_t out_stride, int64_t max_kv_len, float scale, int dtype) {
-    int64_t qpk = num_heads / num_kv_heads, groups = (qpk + GROUP - 1) / GROUP;
-    int bf = dtype == DTYPE_BF16;
-    int64_t es = elem_size(bf);
-#pragma omp parallel
-    {
-        float *scores = malloc(sizeof(float) * GROUP * (max_kv_len > 0 ? max_kv_len : 1));
-        float *acc = malloc(sizeof(float) * GROUP * head_size);
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t item = 0; item < num_queries * num_kv_heads * groups; item++) {
-            int64_t i = item / (num_kv_heads * groups), kvh = item / groups % num_kv_heads;
-            int64_t first = item % groups * GROUP;  /* first query head of this group, within the KV head's */
-            int heads = (int)(qpk - first < GROUP ? qpk - first : GROUP);
-            History h = {key_cache, value_cache, block_table + req_index[i] * block_table_stride,
-                         kv_lens[i], block_size, num_kv_heads * head_size, kvh * head_size, head_size};
-            int64_t head = kvh * qpk + first;
-            const char *q = (const char *)query + (token_index[i] * q_stride + head * head_size) * es;
-            char *o = (char *)out + (token_index[i] * out_stride + head * head_size) * es;
-#ifdef __AVX512F__
-            if (head_size % 16 == 0 && head_size <= 16 * MAX_VECS) {
-                if (bf) attend_item_avx512(o, head_size, q, &h, heads, scale, scores, 1);
-                else attend_item_avx512(o, head_size, q, &h, heads, scale, scores, 0);
-                continue;
-            }
-#endif
-            if (bf) attend_generic(o, head_size, q, &h, heads, scale, scores, acc, 1);
-            else attend_generic(o, head_size, q, &h, heads, scale, scores, acc, 0);
-        }
-        free(scores);
-        free(acc);
+/* ---- the tile path with AVX-512: packing, then the register-blocked products ------------------------------ */
+
+/* Transpose a 16 x 16 block of 32-bit elements: x[i] holds row i; column j goes to dst + j * stride (the
+ * first `cols` columns only). Three rounds of shuffles: 32-bit pairs, 64-bit pairs within each 128-bit
+ * lane, then the 128-bit lanes themselves. After round two, u[g][k] holds, in its 128-bit lane L, column
+ * 4L + k of rows 4g .. 4g + 3; the last round gathers lane L of u[0..3][k] into column 4L + k. */
+AI void transpose16_store(const __m512i x[16], uint32_t *dst, int64_t stride, int cols) {
+    __m512i u[4][4];
+    for (int g = 0; g < 4; g++) {
+        __m512i a = x[4 * g], b = x[4 * g + 1], c = x[4 * g + 2], d = x[4 * g + 3];
+        __m512i ab_lo = _mm512_unpacklo_epi32(a, b), ab_hi = _mm512_unpackhi_epi32(a, b);  /* a0 b0 a1 b1 | a2 b2 a3 b3 */
+        __m512i cd_lo = _mm512_unpacklo_epi32(c, d), cd_hi = _mm512_unpackhi_epi32(c, d);
+        u[g][0] = _mm512_unpacklo_epi64(ab_lo, cd_lo);  /* a0 b0 c0 d0 */
+        u[g][1] = _mm512_unpackhi_epi64(ab_lo, cd_lo);  /* a1 b1 c1 d1 */
+        u[g][2] = _mm512_unpacklo_epi64(ab_hi, cd_hi);
+        u[g][3] = _mm512_unpackhi_epi64(ab_hi, cd_hi);
+    }
+    for (int k = 0; k < 4; k++) {
+        __m512i x0 = _mm512_shuffle_i32x4(u[0][k], u[1][k], 0x44), x1 = _mm512_shuffle_i32x4(u[0][k], u[1][k], 0xEE);
+        __m512i y0 = _mm512_shuffle_i32x4(u[2][k], u[3][k], 0x44), y1 = _mm512_shuffle_i32x4(u[2][k], u[3][k], 0xEE);
+        __m512i col[4] = {_mm512_shuffle_i32x4(x0, y0, 0x88), _mm512_shuffle_i32x4(x0, y0, 0xDD),
+                          _mm512_shuffle_i32x4(x1, y1, 0x88), _mm512_shuffle_i32x4(x1, y1, 0xDD)};
+        for (int L = 0; L < 4; L++)
+            if (4 * L + k < cols) _mm512_store_si512((__m512i *)(dst + (4 * L + k) * stride), col[L]);
     }
 }
 
+/* K tile as float32, transposed: kt[d * TILE_KV + c] = K[p0 + c][d]; positions past n are zero. */
+AI void pack_k_f32(float *kt, const History *h, const int64_t *off, int n, int bf) {
+    for (int c0 = 0; c0 < TILE_KV; c0 += 16)
+        for (int64_t d0 = 0; d0 < h->head_size; d0 += 16) {
+            __m512i x[16];
+            for (int i = 0; i < 16; i++)
+                x[i] = c0 + i < n ? _mm512_castps_si512(load16(h->key_cache, off[c0 + i] + d0, bf)) : _mm512_setzero_si512();
+            transpose16_store(x, (uint32_t *)kt + d0 * TILE_KV + c0, TILE_KV, 16);
+        }
+}
+
+/* V tile as float32 rows: v[c * head_size + d] = V[p0 + c][d], for c < n. */
+AI void pack_v_f32(float *v, const History *h, const int64_t *off, int n, int bf) {
+    for (int c = 0; c < n; c++)
+        for (int64_t d = 0; d < h->head_size; d += 16)
+            _mm512_store_ps(v + c * h->head_size + d, load16(h->value_cache, off[c] + d, bf));
+}
+
+/* s[r][c] = scale * q_r . K[c] for RB rows and all TILE_KV positions: per dimension d, the KV_VECS vectors
+ * of kt (TILE_KV positions) times q_r[d] broadcast, into RB x KV_VECS accumulators. */
+AI void scores_f32(float *s, const float *kt, const char *const *q, int64_t hs, float scale, int bf) {
+    __m512 acc[RB][KV_VECS];
+    for (int r = 0; r < RB; r++)
+        for (int j = 0; j < KV_VECS; j++) acc[r][j] = _mm512_setzero_ps();
+    for (int64_t d = 0; d < hs; d++) {
+        __m512 k[KV_VECS];
+        for (int j = 0; j < KV_VECS; j++) k[j] = _mm512_load_ps(kt + d * TILE_KV + 16 * j);
+        for (int r = 0; r < RB; r++) {
+            __m512 qb = _mm512_set1_ps(load(q[r], d, bf));
+            for (int j = 0; j < KV_VECS; j++) acc[r][j] = _mm512_fmadd_ps(qb, k[j], acc[r][j]);
+        }
+    }
+    for (int r = 0; r < RB; r++)
+        for (int j = 0; j < KV_VECS; j++)
+            _mm512_store_ps(s + r * TILE_KV + 16 * j, _mm512_mul_ps(acc[r][j], _mm512_set1_ps(scale)));
+}
+
+/* Which lanes of score vector j (positions 16j .. 16j + 15 of the tile) a row that sees n positions sees. */
+AI __mmask16 seen16(int n, int j) {
+    int k = n - 16 * j;
+    return k >= 16 ? (__mmask16)0xffff : k <= 0 ? (__mmask16)0 : (__mmask16)((1u << k) - 1);
+}
+
+/* e^x for finite x <= 0 to within 3.3e-6 (relative), for probabilities that are rounded to bf16 (2^-8)
+ * next: e^x = 2^t, t = x log2(e) = n + f with n an integer and |f| <= 1/2; 2^f by its Taylor series to
+ * f^5, 2^n by vscalefps (0 far below). Half the instructions of exp16; masked-off lanes may come out NaN. */
+AI __m512 exp16_for_bf16(__m512 x) {
+    __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
+    __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 f = _mm512_sub_ps(t, n);
+    __m512 p = _mm512_set1_ps(1.3333558e-3f);  /* ln2^5 / 5! */
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291e-3f));  /* ln2^4 / 4! */
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504109e-2f));  /* ln2^3 / 3! */
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022651e-1f));  /* ln2^2 / 2! */
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718e-1f));  /* ln2 */
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+/* online_softmax on 16 lanes, in three loops so that the core overlaps independent rows: each row's new
+ * max, then the rescale factors 16 rows at a time, then each row's exponentials and sum. With `dp` the
+ * probabilities are also written as bf16 pairs, pw[r][m] = (p[r][2m], p[r][2m + 1]), for pv_dp. */
+AI void online_softmax16(float *s, float *m, float *l, float *alpha, uint32_t *pw, const int *n, int rows, int dp) {
+    for (int r = 0; r < rows; r++) {
+        __m512 mx = _mm512_set1_ps(-INFINITY);  /* stays -inf where the row sees nothing */
+        for (int j = 0; j < KV_VECS; j++)
+            mx = _mm512_mask_max_ps(mx, seen16(n[r], j), mx, _mm512_load_ps(s + r * TILE_KV + 16 * j));
+        float tile_max = _mm512_reduce_max_ps(mx);
+        alpha[r] = m[r];  /* the old max, until the next loop */
+        m[r] = tile_max > m[r] ? tile_max : m[r];
+    }
+    for (int r = 0; r < rows; r += 16) {
+        __mmask16 k = rows - r >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (rows - r)) - 1);
+        __m512 old = _mm512_maskz_loadu_ps(k, alpha + r), cur = _mm512_maskz_loadu_ps(k, m + r);
+        __m512 a = exp16(_mm512_sub_ps(old, cur));
+        a = _mm512_mask_mov_ps(a, _mm512_cmp_ps_mask(old, _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ), _mm512_setzero_ps());
+        a = _mm512_mask_mov_ps(a, _mm512_cmp_ps_mask(old, cur, _CMP_EQ_OQ), _mm512_set1_ps(1.0f));  /* no growth */
+        _mm512_mask_storeu_ps(alpha + r, k, a);
+    }
+    for (int r = 0; r < rows; r++) {
+        __m512 mx = _mm512_set1_ps(m[r]), total = _mm512_setzero_ps(), e[KV_VECS];
+        for (int j = 0; j < KV_VECS; j++) {
+            e[j] = _mm512_sub_ps(_mm512_load_ps(s + r * TILE_KV + 16 * j), mx);
+            e[j] = _mm512_maskz_mov_ps(seen16(n[r], j), dp ? exp16_for_bf16(e[j]) : exp16(e[j]));
+            total = _mm512_add_ps(total, e[j]);
+        }
+        l[r] = l[r] * alpha[r] + _mm512_reduce_add_ps(total);
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+        if (dp) {  /* two vectors of probabilities -> 16 bf16 pairs, in order */
+            for (int j = 0; j < KV_VECS; j += 2)
+                _mm512_store_si512((__m512i *)(pw + r * (TILE_KV / 2) + 8 * j), (__m512i)_mm512_cvtne2ps_pbh(e[j + 1], e[j]));
+            continue;
+        }
+#endif
+        (void)pw, (void)dp;
+        for (int j = 0; j < KV_VECS; j++) _mm512_store_ps(s + r * TILE_KV + 16 * j, e[j]);
+    }
+}
+
+/* o[r][0 .. 16 nvc) = o * alpha[r] + sum_c p[r][c] v[c][0 .. 16 nvc) for RB rows (o, v start at the
+ * chunk's first dimension; rows head_size apart). */
+AI void pv_f32(float *o, const float *p, const float *alpha, const float *v, int n, int64_t hs, int nvc) {
+    __m512 acc[RB][4];
+    for (int r = 0; r < RB; r++)
+        for (int j = 0; j < nvc; j++) acc[r][j] = _mm512_mul_ps(_mm512_load_ps(o + r * hs + 16 * j), _mm512_set1_ps(alpha[r]));
+    for (int c = 0; c < n; c++) {
+        __m512 vv[4];
+        for (int j = 0; j < nvc; j++) vv[j] = _mm512_load_ps(v + c * hs + 16 * j);
+        for (int r = 0; r < RB; r++) {
+            __m512 w = _mm512_set1_ps(p[r * TILE_KV + c]);
+            for (int j = 0; j < nvc; j++) acc[r][j] = _mm512_fmadd_ps(w, vv[j], acc[r][j]);
+        }
+    }
+    for (int r = 0; r < RB; r++)
+        for (int j = 0; j < nvc; j++) _mm512_store_ps(o + r * hs + 16 * j, acc[r][j]);
+}
+
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+/* vdpbf16ps: acc lane i += a[2i] * b[2i] + a[2i + 1] * b[2i + 1], each 32-bit lane a pair of bf16. Both
+ * products take pairs along the summed index: scores sum over dimensions, so K's 32-bit words (dims
+ * 2w, 2w + 1 of one position) are transposed to put positions in lanes; P.V sums over positions, so
+ * V is re-paired to put (position 2m, position 2m + 1) of one dimension in each word. */
+
+/* kt[w * TILE_KV + c] = word w of K[p0 + c] (dims 2w, 2w + 1); positions past n are zero. With head_size
+ * 80 a row is 40 words: blocks of 16, 16 and a last one of 8 (a masked load; its columns 8..15 unused). */
+AI void pack_k_dp(uint32_t *kt, const History *h, const int64_t *off, int n) {
+    int64_t words = h->head_size / 2;
+    for (int c0 = 0; c0 < TILE_KV; c0 += 16)
+        for (int64_t w0 = 0; w0 < words; w0 += 16) {
+            int cols = (int)(words - w0 < 16 ? words - w0 : 16);
+            __mmask16 mask = (__mmask16)((1u << cols) - 1);
+            __m512i x[16];
+            for (int i = 0; i < 16; i++)
+                x[i] = c0 + i < n ? _mm512_maskz_loadu_epi32(mask, (const bf16 *)h->key_cache + off[c0 + i] + 2 * w0)
+                                  : _mm512_setzero_si512();
+            transpose16_store(x, kt + w0 * TILE_KV + c0, TILE_KV, cols);
+        }
+}
+
+/* vi[m * head_size + d] = (V[p0 + 2m][d], V[p0 + 2m + 1][d]) as one word, low half first; a position
+ * past n is zero. Two rows a, b of 32 bf16 give 32 words: vpermt2w with index 2i -> a[i], 2i + 1 -> b[i]
+ * (b's elements are numbered 32..63) for dims 0..15, and a[16 + i], b[16 + i] for dims 16..31. E.g.
+ * word 3 of the first = (a[3], b[3]) = (V[2m][d0 + 3], V[2m + 1][d0 + 3]). */
+AI void pack_v_dp(uint32_t *vi, const History *h, const int64_t *off, int n) {
+    int64_t hs = h->head_size;
+    uint16_t lo_idx[32], hi_idx[32];
+    for (int i = 0; i < 16; i++) {
+        lo_idx[2 * i] = (uint16_t)i, lo_idx[2 * i + 1] = (uint16_t)(32 + i);
+        hi_idx[2 * i] = (uint16_t)(16 + i), hi_idx[2 * i + 1] = (uint16_t)(48 + i);
+    }
+    __m512i lo = _mm512_loadu_si512(lo_idx), hi = _mm512_loadu_si512(hi_idx);
+    for (int m = 0; m < (n + 1) / 2; m++)
+        for (int64_t d0 = 0; d0 < hs; d0 += 32) {
+            int dims = (int)(hs - d0 < 32 ? hs - d0 : 32);  /* 32, or 16 at the end of head_size 80 */
+            __mmask32 mask = dims == 32 ? ~(__mmask32)0 : ((__mmask32)1 << dims) - 1;
+            const bf16 *vc = (const bf16 *)h->value_cache;
+            __m512i a = _mm512_maskz_loadu_epi16(mask, vc + off[2 * m] + d0);
+            __m512i b = 2 * m + 1 < n ? _mm512_maskz_loadu_epi16(mask, vc + off[2 * m + 1] + d0) : _mm512_setzero_si512();
+            _mm512_store_si512((__m512i *)(vi + m * hs + d0), _mm512_permutex2var_epi16(a, lo, b));
+            if (dims > 16) _mm512_store_si512((__m512i *)(vi + m * hs + d0 + 16), _mm512_permutex2var_epi16(a, hi, b));
+        }
+}
+
+/* scores_f32 with bf16 pairs: per word w (two dims), kt's KV_VECS vectors times q_r's word w broadcast. */
+AI void scores_dp(float *s, const uint32_t *kt, const char *const *q, int64_t hs, float scale) {
+    __m512 acc[RB][KV_VECS];
+    for (int r = 0; r < RB; r++)
+        for (int j = 0; j < KV_VECS; j++) acc[r][j] = _mm512_setzero_ps();
+    for (int64_t w = 0; w < hs / 2; w++) {
+        __m512bh k[KV_VECS];
+        for (int j = 0; j < KV_VECS; j++) k[j] = (__m512bh)_mm512_load_si512(kt + w * TILE_KV + 16 * j);
+        for (int r = 0; r < RB; r++) {
+            uint32_t qw;
+            memcpy(&qw, q[r] + 4 * w, sizeof qw);
+            __m512bh qb = (__m512bh)_mm512_set1_epi32((int)qw);
+            for (int j = 0; j < KV_VECS; j++) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], qb, k[j]);
+        }
+    }
+    for (int r = 0; r < RB; r++)
+        for (int j = 0; j < KV_VECS; j++)
+            _mm512_store_ps(s + r * TILE_KV + 16 * j, _mm512_mul_ps(acc[r][j], _mm512_set1_ps(scale)));
+}
+
+/* pv_f32 with bf16 pairs: pw[r][m] = (p[r][2m], p[r][2m + 1]) broadcast times vi's words of pair m. */
+AI void pv_dp(float *o, const uint32_t *pw, const float *alpha, const uint32_t *vi, int pairs, int64_t hs, int nvc) {
+    __m512 acc[RB][4];
+    for (int r = 0; r < RB; r++)
+        for (int j = 0; j < nvc; j++) acc[r][j] = _mm512_mul_ps(_mm512_load_ps(o + r * hs + 16 * j), _mm512_set1_ps(alpha[r]));
+    for (int m = 0; m < pairs; m++) {
+        __m512bh vv[4];
+        for (int j = 0; j < nvc; j++) vv[j] = (__m512bh)_mm512_load_si512(vi + m * hs + 16 * j);
+        for (int r = 0; r < RB; r++) {
+            __m512bh w = (__m512bh)_mm512_set1_epi32((int)pw[r * (TILE_KV / 2) + m]);
+            for (int j = 0; j < nvc; j++) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], w, vv[j]);
+        }
+    }
+    for (int r = 0; r < RB; r++)
+        for (int j = 0; j < nvc; j++) _mm512_store_ps(o + r * hs + 16 * j, acc[r][j]);
+}
+#endif /* AVX512_BF16 */
+#endif /* __AVX512F__ */
+
+/* ---- one tile item, for every instruction set ------------------------------------------------------------ */
+
+/* P.V for rows [r0, r0 + RB) over dimensions in chunks of up to 4 vectors (64 dims): constant shapes. */
+AI void pv_block(const TileBuffers *b, int r0, int n, int64_t hs, int mode) {
+    (void)mode;  /* read only where AVX512_BF16 is built in */
+#ifdef __AVX512F__
+    for (int64_t d0 = 0; d0 < hs; d0 += 64) {
+        int nvc = (int)((hs - d0) / 16 < 4 ? (hs - d0) / 16 : 4);
+        float *o = b->o + r0 * hs + d0;
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+        if (mode == MODE_DP) {
+            const uint32_t *pw = b->pw + r0 * (TILE_KV / 2), *vi = (const uint32_t *)b->v + d0;
+            switch (nvc) {
+                case 4: pv_dp(o, pw, b->alpha + r0, vi, (n + 1) / 2, hs, 4); break;
+                case 3: pv_dp(o, pw, b->alpha + r0, vi, (n + 1) / 2, hs, 3); break;
+                case 2: pv_dp(o, pw, b->alpha + r0, vi, (n + 1) / 2, hs, 2); break;
+                default: pv_dp(o, pw, b->alpha + r0, vi, (n + 1) / 2, hs, 1);
+            }
+            continue;
+        }
+#endif
+        const float *p = b->s + r0 * TILE_KV, *v = (const float *)b->v + d0;
+        switch (nvc) {
+            case 4: pv_f32(o, p, b->alpha + r0, v, n, hs, 4); break;
+            case 3: pv_f32(o, p, b->alpha + r0, v, n, hs, 3); break;
+            case 2: pv_f32(o, p, b->alpha + r0, v, n, hs, 2); break;
+            default: pv_f32(o, p, b->alpha + r0, v, n, hs, 1);
+        }
+    }
+#else
+    (void)b, (void)r0, (void)n, (void)hs;
+#endif
+}
+
+/* Row r of an item is token r / heads, head r % heads; tokens sit at positions pos0, pos0 + 1, ...
+ * E.g. 3 heads, pos0 = 100, 16 tokens: rows 0-2 are position 100, rows 45-47 position 115. The item reads
+ * keys 0..115 in two KV tiles, [0, 64) and [64, 116) (n = 52). In the second, row 0 sees n[0] = 100 - 64
+ * + 1 = 37 of its positions and rows 45-47 all 52 (a row sees none of a tile that starts past its
+ * position). Rows from `rows` on, padding to a multiple of RB, read row 0's query and see nothing. */
+AI void attend_tile(const TileItem *it, TileBuffers *b, float scale, int bf, int mode) {
+    const History *h = &it->h;
+    int64_t hs = h->head_size, es = elem_size(bf);
+    int rows = it->tokens * it->heads, padded = (rows + RB - 1) / RB * RB;
+    for (int r = 0; r < padded; r++) {
+        int t = r < rows ? r / it->heads : 0, g = r < rows ? r % it->heads : 0;
+        b->q[r] = it->q + (t * it->q_stride + g * hs) * es;
+        b->m[r] = -INFINITY;
+        b->l[r] = 0.0f;
+    }
+    memset(b->o, 0, sizeof(float) * padded * hs);
+    int64_t end = it->pos0 + it->tokens;  /* the last row sees keys 0 .. end - 1 */
+    for (int64_t p0 = 0; p0 < end; p0 += TILE_KV) {
+        int n = (int)(end - p0 < TILE_KV ? end - p0 : TILE_KV);
+        for (int c = 0; c < n; c++) b->off[c] = history_row(h, p0 + c);
+        for (int r = 0; r < padded; r++) {
+            int64_t sees = r < rows ? it->pos0 + r / it->heads + 1 - p0 : 0;
+            b->n[r] = (int)(sees < 0 ? 0 : sees > n ? n : sees);
+        }
+        if (mode == MODE_GENERIC) {
+            scores_generic(b->s, b->n, rows, b->q, h, b->off, scale, bf);
+            online_softmax(b->s, b->m, b->l, b->alpha, b->n, rows);
+            pv_generic(b->o, b->s, b->alpha, b->n, rows, h, b->off, bf);
+            continue;
+        }
+#ifdef __AVX512F__
+        /* a block of rows is skipped while its last real row (the latest position) sees nothing yet */
+#define BLOCK_SEES(r0) (b->n[(r0) + RB - 1 < rows ? (r0) + RB - 1 : rows - 1] > 0)
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+        if (mode == MODE_DP) {
+            pack_k_dp(b->kt, h, b->off, n);
+            pack_v_dp(b->v, h, b->off, n);
+            for (int r0 = 0; r0 < padded; r0 += RB)
+                if (BLOCK_SEES(r0)) scores_dp(b->s + r0 * TILE_KV, b->kt, b->q + r0, hs, scale);
+            online_softmax16(b->s, b->m, b->l, b->alpha, b->pw, b->n, padded, 1);
+        }
+#endif
+        if (mode == MODE_F32) {
+            pack_k_f32(b->kt, h, b->off, n, bf);
+            pack_v_f32(b->v, h, b->off, n, bf);
+            for (int r0 = 0; r0 < padded; r0 += RB)
+                if (BLOCK_SEES(r0)) scores_f32(b->s + r0 * TILE_KV, b->kt, b->q + r0, hs, scale, bf);
+            online_softmax16(b->s, b->m, b->l, b->alpha, b->pw, b->n, padded, 0);
+        }
+        for (int r0 = 0; r0 < padded; r0 += RB)
+            if (BLOCK_SEES(r0)) pv_block(b, r0, n, hs, mode);
+#undef BLOCK_SEES
+#endif
+    }
+    for (int r = 0; r < rows; r++) {
+        float inv = 1.0f / b->l[r];
+        char *o = it->out + (r / it->heads * it->out_stride + r % it->heads * hs) * es;
+        for (int64_t d = 0; d < hs; d++) store(o, d, b->o[r * hs + d] * inv, bf);
+    }
+}
+
+/* ---- the entry point ------------------------------------------------------------------------------------- */
+
+static void *alloc64(size_t bytes) { return bytes ? aligned_alloc(64, (bytes + 63) / 64 * 64) : NULL; }
+
+void paged_attention(void *out, const void *query, const void *key_cache, const void *value_cache,
+                     const int32_t *block_table, const int32_t *query_start_loc, const int32_t *seq_lens,
+                     int64_t num_reqs, int64_t num_heads, int64_t num_kv_heads, int64_t head_size,
+                     int64_t block_size, int64_t block_table_stride, int64_t q_stride, int64_t out_stride,
+                     float scale, int dtype) {
+    int64_t qpk = num_heads / num_kv_heads, es = elem_size(dtype == DTYPE_BF16);
+    int bf = dtype == DTYPE_BF16, mode = MODE_GENERIC;
+#ifdef __AVX512F__
+    if (head_size % 16 == 0) mode = MODE_F32;
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+    if (head_size % 16 == 0 && bf) mode = MODE_DP;
+#endif
+#endif
+    int64_t tile_tokens = TILE_ROWS / qpk > 0 ? TILE_ROWS / qpk : 1;
+    int64_t rows = (tile_tokens * qpk + RB - 1) / RB * RB;
+    /* The work list: (request, first token) per tile of each request's query rows. E.g. query_start_loc
+     * [0, 40, 41], 16 tokens a tile: (0, 0), (0, 16), (0, 32), (1, 0); items are those x KV heads. */
+    int64_t tiles = 0, max_row_seq = 0, tile_path = 0;  /* buffers only for the paths this step takes */
+    for (int64_t r = 0; r < num_reqs; r++) {
+        int64_t q_len = query_start_loc[r + 1] - query_start_loc[r];
+        tiles += (q_len + tile_tokens - 1) / tile_tokens;
+        if (q_len > ROW_PATH_MAX_QUERY) tile_path = rows;
+        else if (seq_lens[r] > max_row_seq) max_row_seq = seq_lens[r];
+    }
+    int64_t *work = malloc(sizeof(int64_t) * 2 * (tiles > 0 ? tiles : 1)), k = 0;
+    for (int64_t r = 0; r < num_reqs; r++)
+        for (int64_t t = 0; t < query_start_loc[r + 1] - query_start_loc[r]; t += tile_tokens) {
+            work[2 * k] = r;
+            work[2 * k + 1] = t;
+            k++;
+        }
+#pragma omp parallel
+    {
+        int64_t tr = tile_path, kv = tile_path ? TILE_KV : 0;  /* all sizes 0 without tile items */
+        TileBuffers b = {alloc64(sizeof(float) * tr * TILE_KV), alloc64(sizeof(float) * tr * head_size),
+                         alloc64(sizeof(float) * tr), alloc64(sizeof(float) * tr), alloc64(sizeof(float) * tr),
+                         alloc64(sizeof(int) * tr), alloc64(sizeof(char *) * tr), alloc64(sizeof(int64_t) * kv),
+                         alloc64(sizeof(float) * kv * head_size), alloc64(sizeof(float) * kv * head_size),
+                         alloc64(sizeof(uint32_t) * tr * TILE_KV / 2)};
+        float *scores = max_row_seq ? malloc(sizeof(float) * GROUP * max_row_seq) : NULL;
+        float *acc = max_row_seq ? malloc(sizeof(float) * GROUP * head_size) : NULL;
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t item = 0; item < tiles * num_kv_heads; item++) {
+            /* last tiles first: a request's later tiles see the most history */
+            int64_t w = tiles - 1 - item / num_kv_heads, kvh = item % num_kv_heads, r = work[2 * w];
+            int64_t q_len = query_start_loc[r + 1] - query_start_loc[r], first = work[2 * w + 1];
+            int64_t tokens = q_len - first < tile_tokens ? q_len - first : tile_tokens;
+            int64_t row0 = query_start_loc[r] + first, pos0 = seq_lens[r] - q_len + first;
+            History h = {key_cache, value_cache, block_table + r * block_table_stride, 0, block_size,
+                         num_kv_heads * head_size, kvh * head_size, head_size};
+            const char *q = (const char *)query + (row0 * q_stride + kvh * qpk * head_size) * es;
+            char *o = (char *)out + (row0 * out_stride + kvh * qpk * head_size) * es;
+            if (q_len > ROW_PATH_MAX_QUERY) {
+                TileItem it = {h, pos0, q_stride, out_stride, (int)tokens, (int)qpk, q, o};
+                switch (mode * 2 + bf) {
+                    case MODE_DP * 2 + 1: attend_tile(&it, &b, scale, 1, MODE_DP); break;
+                    case MODE_F32 * 2 + 1: attend_tile(&it, &b, scale, 1, MODE_F32); break;
+                    case MODE_F32 * 2: attend_tile(&it, &b, scale, 0, MODE_F32); break;
+                    case MODE_GENERIC * 2 + 1: attend_tile(&it, &b, scale, 1, MODE_GENERIC); break;
+                    default: attend_tile(&it, &b, scale, 0, MODE_GENERIC);
+                }
+                continue;
+            }
+            for (int64_t t = 0; t < tokens; t++)
+                for (int64_t first_head = 0; first_head < qpk; first_head += GROUP) {
+                    int heads = (int)(qpk - first_head < GROUP ? qpk - first_head : GROUP);
+                    const char *qh = q + (t * q_stride + first_head * head_size) * es;
+                    char *oh = o + (t * out_stride + first_head * head_size) * es;
+                    h.seq_len = pos0 + t + 1;
+#ifdef __AVX512F__
+                    if (head_size % 16 == 0 && head_size <= 16 * MAX_VECS) {
+                        if (bf) attend_item_avx512(oh, head_size, qh, &h, heads, scale, scores, 1);
+                        else attend_item_avx512(oh, head_size, qh, &h, heads, scale, scores, 0);
+                        continue;
+                    }
+#endif
+                    if (bf) attend_generic(oh, head_size, qh, &h, heads, scale, scores, acc, 1);
+                    else attend_generic(oh, head_size, qh, &h, heads, scale, scores, acc, 0);
+                }
+        }
+        free(b.s), free(b.o), free(b.m), free(b.l), free(b.alpha), free(b.n), free(b.q), free(b.off), free(b.kt);
+        free(b.v), free(b.pw), free(scores), free(acc);
+    }
+    free(work);
+}

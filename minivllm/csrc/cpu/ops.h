@@ -17,10 +17,10 @@ void reshape_and_cache(const void *key, const void *value, void *key_cache, void
 
 /* cpu_attn.c */
 void paged_attention(void *out, const void *query, const void *key_cache, const void *value_cache,
-                     const int32_t *block_table, const int64_t *token_index, const int64_t *req_index,
-                     const int32_t *kv_lens, int64_t num_queries, int64_t num_heads, int64_t num_kv_heads,
-                     int64_t head_size, int64_t block_size, int64_t block_table_stride, int64_t q_stride,
-                     int64_t out_stride, int64_t max_kv_len, float scale, int dtype);
+                     const int32_t *block_table, const int32_t *query_start_loc, const int32_t *seq_lens,
+                     int64_t num_reqs, int64_t num_heads, int64_t num_kv_heads, int64_t head_size,
+                     int64_t block_size, int64_t block_table_stride, int64_t q_stride, int64_t out_stride,
+                     float scale, int dtype);
 
 /* layernorm.c */
 void rms_norm(void *out, const void *x, const void *weight, int64_t num_tokens, int64_t hidden,
