@@ -41,12 +41,64 @@ def test_reference_passes(lab_id):
     assert lines[-1] == f"lab {lab_id}: {total}/{total} checks passed  score 1.00"
 
 
-# the first failed check of some faults, and where it points: the grader catches them for the right reason
-CAUGHT_BY = {"logits-every-row": ("indices = formula", "logits_indices, number of rows"),
-             "positions-restart": ("indices = formula", "positions[0]"),
-             "wrong-layer-cache": ("context of the named layer", "kv_cache"),
-             "budget-clamp-removed": ("token budget", "total_num_scheduled_tokens"),
-             "victim-fifo": ("victim = the latest admitted", "preemption 0")}
+# every fault's first failed check, and where it points: the grader catches each for the right reason
+_STATE, _BLOCKS = "preemption: victim state and counters", "preemption: shared blocks and free order"
+_STOP, _FREE, _FREE_BLOCKS = ("stop check: every rule and boundary", "free: request forgotten, runner told",
+                              "free: shared blocks, free order, later hits")
+_DIGEST, _INDICES, _CONTEXT, _KV, _MASKS = ("digest = the specified sha256", "indices = formula",
+                                            "context of the named layer", "write and read = formula", "masks = formula")
+CAUGHT_BY = {
+    "generate-one-step": ("nothing left running", "after generate_loop"),
+    "generate-finish-order": ("outputs in prompt order", "RequestOutput.prompt"),
+    "generate-max-tokens-steps": ("nothing left running", "after generate_loop"),
+    "generate-first-output": ("greedy tokens = LLM.generate", "number of output tokens"),
+    "preempt-append": (_STATE, "WAITING, head first"),
+    "preempt-keep-progress": (_STATE, "num_computed_tokens"),
+    "preempt-no-free": (_BLOCKS, "ref_cnt of block 1"),
+    "preempt-free-forward": (_BLOCKS, "free queue"),
+    "preempt-no-request-count": (_STATE, "request.num_preemptions"),
+    "preempt-evicts-cache": (_BLOCKS, "prefix-cache hit"),
+    "budget-clamp-removed": ("token budget", "total_num_scheduled_tokens"),
+    "victim-fifo": ("victim = the latest admitted", "preemption 0"),
+    "logits-every-row": (_INDICES, "logits_indices, number of rows"),
+    "positions-restart": (_INDICES, "positions[0]"),
+    "pack-block-size-4": (_INDICES, "block_size 8"),
+    "sampling-strict": (_INDICES, "sampling, number of rows"),
+    "logits-first-row": (_INDICES, "logits_indices[1]"),
+    "wrong-layer-cache": (_CONTEXT, "kv_cache"),
+    "context-cached": (_CONTEXT, "step 2"),
+    "context-slot-dict": (_CONTEXT, "slot_mapping"),
+    "context-shared-slots": (_CONTEXT, "slot_mapping"),
+    "slot-off-by-one": (_KV, "K cache, flat slot"),
+    "kv-padding-written": (_KV, "flat slot 0"),
+    "kv-swapped": (_KV, "K cache, flat slot"),
+    "block-table-shuffled": (_KV, "gather_blocks"),
+    "gather-block-size-4": (_KV, "block_size 8: gather_blocks"),
+    "stop-off-by-one": (_STOP, "max_tokens reached"),
+    "stop-ignores-eos": (_STOP, "EOS as the 3rd output token"),
+    "stop-eos-before-length": (_STOP, "EOS as the last allowed token"),
+    "stop-model-len-off-by-one": (_STOP, "max_model_len reached"),
+    "free-not-freed": (_FREE_BLOCKS, "ref_cnt of block 1"),
+    "free-keeps-registered": (_FREE, "still in scheduler.requests"),
+    "free-no-finished-ids": (_FREE, "finished_req_ids"),
+    "free-forward-order": (_FREE_BLOCKS, "free queue"),
+    "hash-unchained": (_DIGEST, "block 1"),
+    "hash-xor-chain": (_DIGEST, "block 1"),
+    "hash-tokens-first": (_DIGEST, "block 0"),
+    "hash-int32": (_DIGEST, "block 0"),
+    "hash-empty-seed": (_DIGEST, "block 0"),
+    "top-k-plus-one": (_MASKS, "top_k=[1, 5, 0, 50], top_p=None, row 0"),
+    "top-p-ignored": (_MASKS, "top_k=None"),
+    "top-p-drops-crossing": (_MASKS, "top_k=None"),
+    "top-k-zero-keeps-one": (_MASKS, "row 2"),
+    "top-p-before-top-k": (_MASKS, "top_k=[3, 10, 0, 20]"),
+}
+# the hint a fault's failure must carry: it names the mistake, not only the symptom
+HINTED = {"pack-block-size-4": "not a constant 4", "hash-tokens-first": "parent's hash comes first",
+          "hash-int32": "int64", "hash-empty-seed": "NONE_HASH", "hash-xor-chain": "XOR",
+          "hash-unchained": "chain the blocks", "generate-finish-order": "in the order they finished",
+          "stop-eos-before-length": "length check comes first", "top-k-zero-keeps-one": "k <= 0",
+          "preempt-no-free": "never dropped", "free-forward-order": "tail first"}
 
 
 @pytest.mark.parametrize("fault", sorted(FAULTS))
@@ -56,9 +108,23 @@ def test_each_fault_fails_its_lab(fault):
     assert passed < total, "\n".join(lines)
     failure = next(line for line in lines if line.startswith("FAIL"))
     assert "check '" in failure and "where:" in failure and "hint:" in failure, failure  # never a bare assert
-    if fault in CAUGHT_BY:
-        check, where = CAUGHT_BY[fault]
-        assert f"check {check!r}" in failure and where in failure.split("where:")[1].split("\n")[0], failure
+    check, where = CAUGHT_BY[fault]
+    assert f"check {check!r}" in failure and where in failure.split("where:")[1].split("\n")[0], failure
+    assert HINTED.get(fault, "") in failure.split("hint:")[1], failure
+
+
+def test_every_lab_has_four_faults_and_every_fault_is_pinned():
+    for lab_id in LABS:
+        assert sum(1 for f in FAULTS.values() if f[0] == lab_id) >= 4, lab_id
+    assert set(CAUGHT_BY) == set(FAULTS)
+
+
+@pytest.mark.parametrize("fault, scenario", [("hash-xor-chain", "swapped-blocks"), ("hash-unchained", "shared-suffix")])
+def test_a_different_chaining_gives_wrong_hits_in_the_engine(fault, scenario):
+    """Past the digest check: the engine scenario sees the wrong prefix-cache hit itself."""
+    _, _, lines = _grade(7, fault=fault)
+    failure = next((line for line in lines if line.startswith(f"FAIL  check '{scenario}: prefix-cache hits")), lines)
+    assert "num_cached_tokens" in failure and ("expected: 8" in failure or "expected: 0" in failure), failure
 
 
 def test_lab_seams_are_the_engine_functions():
@@ -118,13 +184,24 @@ def test_bad_lab_and_unknown_fault_exit_2():
     assert unknown.returncode == 2 and "preempt-append" in unknown.stderr
 
 
-def test_grade_writes_one_row_per_student_and_lab(tmp_path, student_dir):
+def test_grade_writes_one_row_per_student_and_lab_and_feedback(tmp_path, student_dir):
     shutil.copytree(EXERCISES, tmp_path / "class" / "alice" / "exercises")
     shutil.copytree(student_dir / "exercises", tmp_path / "class" / "bob" / "exercises")
     result = _cli("grade", str(tmp_path / "class"), "--csv", str(tmp_path / "grades.csv"), "--labs", "7")
     assert result.returncode == 0, result.stderr[-2000:]
     rows = list(csv.DictReader(open(tmp_path / "grades.csv")))
     assert [(r["student"], r["lab"], r["score"]) for r in rows] == [("alice", "7", "1.00"), ("bob", "7", "0.00")]
+    bob = (tmp_path / "grades_feedback" / "bob.txt").read_text()
+    assert "## lab 7" in bob and "NotImplementedError" in bob and "write hash_block_tokens" in bob, bob
+    assert (tmp_path / "grades_feedback" / "alice.txt").read_text().count("ok    ") == len(LABS[7].checks)
+
+
+def test_check_stops_at_the_first_failure_and_skips_the_rest(tmp_path, student_dir):
+    result = _cli("check", "7", "--submission", str(student_dir / "exercises"))
+    assert result.returncode == 1
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("FAIL") and all(line.startswith("skip") for line in lines[1:-1]), result.stdout
+    assert lines[-1] == f"lab 7: 0/{len(LABS[7].checks)} checks passed  score 0.00"
 
 
 def test_student_notebooks_have_no_answers_and_no_outputs(tmp_path):

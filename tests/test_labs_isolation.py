@@ -32,7 +32,8 @@ HONEST = textwrap.dedent('''
         return hashlib.sha256(parent + packed).digest()
 ''')
 STUB = '\ndef hash_block_tokens(parent_block_hash, curr_block_token_ids):\n    raise NotImplementedError("write it")\n'
-PASS_LINE = "lab 7: 3/3 checks passed  score 1.00"
+N7 = len(LABS[7].checks)
+PASS_LINE = f"lab 7: {N7}/{N7} checks passed  score 1.00"
 NUKE_CHECKS = "for lab in LABS.values():\n    lab.checks = [(c[0],) + tuple((lambda *a, **k: None) for _ in c[1:]) " \
               "for c in lab.checks]\n"
 
@@ -105,7 +106,7 @@ def test_check_exits_nonzero_after_a_printed_pass_and_exit(tmp_path):
     folder = _write(tmp_path / "s", source)
     result = subprocess.run([sys.executable, "-m", "minivllm.labs", "check", "7", "--submission", str(folder)],
                             capture_output=True, text=True, timeout=300)
-    assert result.returncode == 1 and result.stdout.splitlines()[-1] == "lab 7: 0/3 checks passed  score 0.00", \
+    assert result.returncode == 1 and result.stdout.splitlines()[-1] == f"lab 7: 0/{N7} checks passed  score 0.00", \
         result.stdout[-2000:]
 
 
@@ -141,8 +142,8 @@ def test_calling_the_engines_function_grabbed_at_import_is_refused(tmp_path):
 @pytest.mark.timeout(120)
 def test_an_endless_loop_in_the_function_fails_each_check_in_time(tmp_path):
     source = HONEST.replace("    parent = NONE_HASH", "    while True:\n        pass\n    parent = NONE_HASH")
-    passed, total, lines = _grade(source, tmp_path, timeout=5)
-    assert passed == 0 and lines.count("did not finish within 5 s") == total, lines
+    passed, total, lines = _grade(source, tmp_path, timeout=3)
+    assert passed == 0 and lines.count("did not finish within 3 s") == total, lines
 
 
 def test_a_memory_bomb_in_the_function_is_a_failed_check(tmp_path):
@@ -174,7 +175,7 @@ def test_the_graders_own_loop_is_bounded_in_steps(tmp_path):
     folder.mkdir()
     (folder / "lab02_preemption.py").write_text(source)
     lines = []
-    passed, _ = check_lab(2, folder, out=lines.append, first_failure=True)
+    passed, total = check_lab(2, folder, out=lines.append, first_failure=True)
     text = "\n".join(lines)
-    assert passed == 0 and "check 'terminates' failed" in text and "within 400 steps" in text, text
+    assert passed < total and "check 'terminates' failed" in text and "within 400 steps" in text, text
     assert "did not finish within" not in text, text

@@ -16,17 +16,21 @@ def main(argv=None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p_list = sub.add_parser("list", help="name every lab and fault")
     p_list.add_argument("--json", action="store_true", help='print {"labs": [...], "faults": [...]}')
-    p_student = sub.add_parser("student", help="write the student copies (stubs, no solutions, no hidden tests)")
-    p_student.add_argument("dir", help="folder to write exercises/ and notebooks/ into")
+    p_student = sub.add_parser("student", help="write the handout: a page per lab, stubs (no solutions, no hidden "
+                               "tests), notebooks without answers")
+    p_student.add_argument("dir", help="folder to write README.md, labs/, exercises/ and notebooks/ into")
     p_check = sub.add_parser("check", help="grade one lab (our reference when no submission is given)")
     p_check.add_argument("n", type=int, help=f"lab number: one of {sorted(LABS)}")
     p_check.add_argument("--submission", help="a student's exercise file, or a folder holding it")
     p_check.add_argument("--inject", metavar="FAULT", help=f"switch a named fault on: one of {sorted(FAULTS)}")
+    p_check.add_argument("--all", action="store_true", help="run every check (default: stop at the first failure)")
     _bounds(p_check)
     p_grade = sub.add_parser("grade", help="grade a class: one subfolder per student, one CSV row per student and lab")
     p_grade.add_argument("submissions_dir")
     p_grade.add_argument("--csv", required=True, help="the CSV file to write")
     p_grade.add_argument("--labs", help="comma-separated lab numbers (default: every lab)")
+    p_grade.add_argument("--feedback", metavar="DIR", help="folder for one feedback file per student, every "
+                         "check's verdict (default: <csv name>_feedback/ beside the CSV)")
     _bounds(p_grade)
     args = parser.parse_args(argv)
 
@@ -44,9 +48,10 @@ def main(argv=None) -> int:
         return 0
     if args.command == "student":
         from minivllm.labs.grader import EXERCISES
+        from minivllm.labs.handout import write_pages
         from minivllm.labs.student import write_student_copies
         notebooks = Path(__file__).resolve().parents[2] / "notebooks"
-        for path in write_student_copies(args.dir, EXERCISES, notebooks):
+        for path in [*write_pages(args.dir, LABS), *write_student_copies(args.dir, EXERCISES, notebooks)]:
             print(path)
         return 0
     from minivllm.labs.grader import check_lab
@@ -58,12 +63,18 @@ def main(argv=None) -> int:
         if args.inject is not None and FAULTS[args.inject][0] != args.n:
             parser.error(f"fault {args.inject!r} belongs to lab {FAULTS[args.inject][0]}, not lab {args.n}")
         passed, total = check_lab(args.n, args.submission, args.inject, timeout=args.timeout,
-                                  memory_mb=args.memory_mb)
+                                  memory_mb=args.memory_mb, first_failure=not args.all,
+                                  cached=not args.fresh_reference)
         return 0 if passed == total else 1
-    lab_ids = sorted(LABS) if not args.labs else [int(x) for x in args.labs.split(",")]
+    try:
+        lab_ids = sorted(LABS) if not args.labs else [int(x) for x in args.labs.split(",")]
+    except ValueError:
+        parser.error(f"--labs {args.labs!r}: give lab numbers separated by commas, e.g. --labs 2,7")
     bad = [n for n in lab_ids if n not in LABS]
     if bad:
         parser.error(f"no lab {bad}: choose from {sorted(LABS)}")
+    if not Path(args.submissions_dir).is_dir():
+        parser.error(f"{args.submissions_dir} is not a folder: give the folder holding one subfolder per student")
     students = sorted(p for p in Path(args.submissions_dir).iterdir() if p.is_dir())
     sources = {}  # every file read before anyone is graded: a submission cannot rewrite a classmate's
     for student in students:
@@ -71,19 +82,30 @@ def main(argv=None) -> int:
         for n in lab_ids:
             path = folder / f"{LABS[n].module}.py"
             sources[student.name, n] = (folder, path.read_text(errors="replace") if path.is_file() else None)
+    feedback_dir = Path(args.feedback) if args.feedback else Path(args.csv).with_name(Path(args.csv).stem +
+                                                                                       "_feedback")
+    feedback_dir.mkdir(parents=True, exist_ok=True)
     rows = []
     for student in students:
+        notes = [f"Feedback for {student.name}: one section per lab, each check's verdict.", ""]
         for n in lab_ids:
             print(f"== {student.name}, lab {n}")
-            t = time.time()
+            t, lines = time.time(), []
             folder, source = sources[student.name, n]
-            passed, total = check_lab(n, folder, source=source, timeout=args.timeout, memory_mb=args.memory_mb)
+
+            def both(line, lines=lines):
+                print(line)
+                lines.append(line)
+            passed, total = check_lab(n, folder, source=source, timeout=args.timeout, memory_mb=args.memory_mb,
+                                      out=both, cached=not args.fresh_reference)
             rows.append([student.name, n, passed, total, f"{passed / total:.2f}", f"{time.time() - t:.1f}"])
+            notes += [f"## lab {n}: {LABS[n].title}", *lines, ""]
+        (feedback_dir / f"{student.name}.txt").write_text("\n".join(notes))
     with open(args.csv, "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["student", "lab", "passed", "total", "score", "seconds"])
         writer.writerows(rows)
-    print(f"wrote {args.csv}: {len(students)} students x {len(lab_ids)} labs")
+    print(f"wrote {args.csv}: {len(students)} students x {len(lab_ids)} labs; feedback in {feedback_dir}/")
     return 0
 
 
@@ -91,6 +113,8 @@ def _bounds(parser) -> None:
     from minivllm.labs.sandbox import DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT_S
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
                         help=f"time bound of each check, in its own process (default {DEFAULT_TIMEOUT_S:g})")
+    parser.add_argument("--fresh-reference", action="store_true", help="recompute the reference observations "
+                        "instead of reading them from the cache (<MINIVLLM_CACHE_DIR>/labs-reference/)")
     parser.add_argument("--memory-mb", type=int, default=DEFAULT_MEMORY_MB, metavar="MB",
                         help=f"memory each grading process may add to the loaded engine (default {DEFAULT_MEMORY_MB})")
 

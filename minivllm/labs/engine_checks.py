@@ -68,6 +68,22 @@ def step_bound(engine, obs: dict, limit: int = MAX_STEPS):
         engine.step = original
 
 
+@contextlib.contextmanager
+def on_step(engine, record):
+    """Call `record(outputs)` with what every engine.step() returns, for the duration."""
+    original = engine.step
+
+    def recording_step():
+        outputs = original()
+        record(outputs)
+        return outputs
+    engine.step = recording_step
+    try:
+        yield
+    finally:
+        engine.step = original
+
+
 def snapshot(sched, out) -> dict:
     """The scheduler's state after one step, as plain data the grader's process judges."""
     kvm, pool = sched.kv_cache_manager, sched.kv_cache_manager.block_pool
@@ -151,11 +167,13 @@ def run(llm, prompts, params: SamplingParams, obs: dict) -> dict:
         obs.update(terminated=not engine.has_unfinished_requests(), steps=step,
                    unfinished=sched.get_num_unfinished_requests())
         obs["final_free"] = sched.kv_cache_manager.block_pool.get_num_free_blocks()
+        obs["registered"] = sorted(sched.requests)
     finally:
         sched.schedule = original_schedule
     obs["victims"] = [[n, ids.index(r)] for n, out in enumerate(outputs_seen, 1)
                       for r in sorted(out.preempted_req_ids) if r in ids]  # (step, request index) of each preemption
     obs["tokens"] = [list(finished[r].outputs[0].token_ids) if r in finished else None for r in ids]
+    obs["hits"] = [finished[r].num_cached_tokens if r in finished else None for r in ids]
     obs["preemptions"] = sched.num_preemptions - preemptions0
     return obs
 
@@ -168,6 +186,10 @@ def judge_run(obs: dict) -> None:
         raise LabCheckFailed("terminates", f"step {obs.get('steps', MAX_STEPS)}",
                              f"all requests finished within {MAX_STEPS} steps", f"{obs.get('unfinished')} unfinished",
                              "a request that never stops or is never readmitted")
+    if obs.get("registered"):
+        raise LabCheckFailed("nothing left registered", "after the last request finished, scheduler.requests",
+                             "empty", obs["registered"], "a finished request is freed and forgotten: it leaves "
+                             "scheduler.requests")
     pool = obs["snapshots"][-1]["pool"] if obs.get("snapshots") else None
     if "final_free" in obs and pool is not None and obs["final_free"] != pool - 1:
         raise LabCheckFailed("nothing leaked", "after the last request finished, free blocks", pool - 1,

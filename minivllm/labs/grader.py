@@ -15,7 +15,7 @@ import json
 import signal
 from pathlib import Path
 
-from minivllm.labs import guard
+from minivllm.labs import guard, refcache
 from minivllm.labs.errors import LabCheckFailed
 from minivllm.labs.registry import LABS
 from minivllm.labs.sandbox import DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT_S, Sandbox, SandboxDied
@@ -53,12 +53,15 @@ def read_submission(lab, submission) -> tuple[str, str]:
 
 def check_lab(lab_id: int, submission=None, fault: str | None = None, out=print, first_failure: bool = False,
               timeout: float = DEFAULT_TIMEOUT_S, memory_mb: int = DEFAULT_MEMORY_MB,
-              source: str | None = None) -> tuple[int, int]:
-    """Run every check of one lab; print one line per check and the score line last. Returns (passed, total).
+              source: str | None = None, cached: bool = True) -> tuple[int, int]:
+    """Run the checks of one lab in order (unit checks first); print one line per check and the score line last.
+    Returns (passed, total).
 
     submission: a file or folder (None: our reference exercise file); source: its text, read already (`grade`
-    reads every file before grading anyone). first_failure: stop at the first failed check (the tests' way to
-    show a fault bites, faster). timeout: seconds per check; memory_mb: each grading process's memory bound.
+    reads every file before grading anyone). first_failure: stop at the first failed check, the rest count as
+    failed (`check`'s default: a unit check that fails ends the run before any engine is built). timeout:
+    seconds per check; memory_mb: each grading process's memory bound. cached: read and write the reference
+    observations on disk (refcache.py); False recomputes them.
     """
     lab, total = LABS[lab_id], len(LABS[lab_id].checks)
 
@@ -86,9 +89,10 @@ def check_lab(lab_id: int, submission=None, fault: str | None = None, out=print,
     passed = failed = 0
     for index, (name, _, judge) in enumerate(lab.checks):
         if first_failure and failed:
-            break
+            out(f"skip  {name} (not run after the first failure: fix that one first, or run every check with --all)")
+            continue
         try:
-            reference = _reference(lab_id, index, timeout)
+            reference = _reference(lab_id, index, timeout, cached)
             result = _outcome(_run(job, index), f"check {name!r}", memory_mb, timeout)
             _judge(lab, name, judge, result, reference, memory_mb)
             passed += 1
@@ -164,9 +168,12 @@ def _judge(lab, name: str, judge, result: dict, reference: dict, memory_mb: int)
         raise _Failed(f"check {name!r}: your {', '.join(lab.functions)} was never called during the check")
 
 
-def _reference(lab_id: int, index: int, timeout: float) -> dict:
-    """The engine's own observation of one check, computed once per process (nothing of a submission in it)."""
-    key = (lab_id, index)
+def _reference(lab_id: int, index: int, timeout: float, cached: bool = True) -> dict:
+    """The engine's own observation of one check (nothing of a submission in it): from memory, else from the disk
+    cache (refcache.py), else computed in a grading process and stored in both."""
+    key, name = (lab_id, index), LABS[lab_id].checks[index][0]
+    if key not in _REFERENCE and cached and (stored := refcache.load(lab_id, index, name)) is not None:
+        _REFERENCE[key] = stored
     if key not in _REFERENCE:
         job = {"lab": lab_id, "fault": None, "timeout": max(timeout, DEFAULT_TIMEOUT_S),
                "memory_mb": DEFAULT_MEMORY_MB, "mode": "engine"}
@@ -177,12 +184,17 @@ def _reference(lab_id: int, index: int, timeout: float) -> dict:
             raise RuntimeError(f"lab {lab_id}'s check {LABS[lab_id].checks[index][0]!r} never calls the "
                                f"functions the student writes: the grader itself needs fixing")
         _REFERENCE[key] = result["obs"]
+        if cached:
+            refcache.store(lab_id, index, name, result["obs"])
     return _REFERENCE[key]
 
 
 def _error_text(error: dict, memory_mb) -> str:
     text = f"{error.get('type')}: {error.get('message')}"
-    if error.get("where"):
+    if error.get("where") and error.get("in_submission") is False and error.get("student"):
+        text += (f" (at {error['where']}, in the engine, not in your file: it failed on what your function "
+                 f"returned or changed; compare that with the contract in the docstring)")
+    elif error.get("where"):
         text += f" (at {error['where']})"
     if error.get("type") == "MemoryError" and memory_mb is not None:
         text += f" (over the memory bound of {memory_mb} MB: see --memory-mb)"

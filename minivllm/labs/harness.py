@@ -44,14 +44,19 @@ def run_job(job: dict) -> dict:
     obs, error = {}, None
     try:
         ec.BACKEND = lab.backend
-        llm = ec.get_llm()
+        llm = ec.get_llm() if needs_engine(observe) else None  # a unit check runs without the model
         with plugged(lab, counted):
             observe(counted, llm, obs)
     except BaseException as e:  # noqa: BLE001
-        error = describe(e, filename)
+        error = {**describe(e, filename), "student": mode == "student"}
     if mode == "student" and (why := guard.runtime_refusal(lab, functions, filename, tripped)):
         return {"refused": why}
     return {"obs": obs, "calls": {n: calls[n] for n in lab.functions}, "error": error}
+
+
+def needs_engine(observe) -> bool:
+    """False for a unit check (marked by unit_checks.unit): the grading process then builds no engine."""
+    return getattr(observe, "needs_engine", True)
 
 
 def _load(lab, job: dict, filename: str) -> dict:

@@ -5,6 +5,8 @@ names to the submission's functions (already patched into the engine), `llm` is 
 engine, and it records what happened, as plain data, in the dict `obs`. `judge(obs, ref)` runs in the grader's
 own process: it compares `obs` with `ref`, the same observation made with the engine's own functions, and
 raises LabCheckFailed (or returns: the check passed). Every check must call the submission's function.
+Unit checks (no engine: unit_checks, unit_sched, unit_hash) come before the engine's, so `check` stops at a
+failing unit check before the model loads.
 """
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ from minivllm.core.sched.scheduler import Scheduler
 from minivllm.entrypoints.llm import LLM
 from minivllm.labs import scenario_checks as sc
 from minivllm.labs import unit_checks as uc
+from minivllm.labs import unit_hash as uh
+from minivllm.labs import unit_sched as us
 from minivllm.sample import sampler as sampler_module
 from minivllm.worker import gpu_model_runner
 
@@ -57,13 +61,17 @@ def _engine_generate_loop(engine, prompts, params):
 LABS = {
     1: Lab(1, "the generate loop: add_request, then step() until nothing is unfinished", "lab01_generate_loop",
            ["generate_loop"], {}, [("greedy tokens = LLM.generate", sc.lab1_outputs_observe, sc.lab1_outputs_judge),
-                                   ("outputs in prompt order", sc.lab1_order_observe, sc.lab1_order_judge)], "20",
+                                   ("outputs in prompt order", sc.lab1_order_observe, sc.lab1_order_judge),
+                                   ("chunked tokens = LLM.generate", sc.lab1_chunked_observe, sc.lab1_chunked_judge)],
+           "20",
            forbidden=("_run_engine", "generate"), tripwires=((LLM, "_run_engine"), (LLM, "generate")),
            engine={"generate_loop": _engine_generate_loop}),
     2: Lab(2, "preemption by recompute: Scheduler._preempt_request", "lab02_preemption", ["_preempt_request"],
            {"_preempt_request": [(Scheduler, "_preempt_request")], "_num_new_tokens": [(Scheduler, "_num_new_tokens")],
             "_select_victim": [(Scheduler, "_select_victim")]},
-           [("victim state", sc.lab2_victim_state_observe, sc.lab2_victim_state_judge),
+           [("preemption: victim state and counters", us.lab2_observe, us.lab2_state_judge),
+            ("preemption: shared blocks and free order", us.lab2_observe, us.lab2_blocks_judge),
+            ("victim state", sc.lab2_victim_state_observe, sc.lab2_victim_state_judge),
             ("preempted tokens and victims = reference", sc.lab2_preempted_observe, sc.lab2_preempted_judge),
             ("chunked and preempted tokens = reference",
              *sc.tokens_check("chunked-preempted", "chunked prefill must not change tokens, preempted or not"))],
@@ -82,16 +90,28 @@ LABS = {
     6: Lab(6, "the stop check and reclamation: check_stop, Scheduler._free_request", "lab06_stop_and_free",
            ["check_stop", "_free_request"],
            {"check_stop": [(scheduler_module, "check_stop")], "_free_request": [(Scheduler, "_free_request")]},
-           [("greedy tokens = reference",
+           [("stop check: every rule and boundary", us.lab6_stop_observe, us.lab6_stop_judge),
+            ("free: request forgotten, runner told", us.lab6_free_observe, us.lab6_state_judge),
+            ("free: shared blocks, free order, later hits", us.lab6_free_observe, us.lab6_blocks_judge),
+            ("greedy tokens = reference",
              *sc.tokens_check("greedy", "max_tokens counts output tokens; stop when reached")),
-            ("EOS and stop_token_ids stop", uc.lab6_observe, uc.lab6_judge),
+            ("EOS tokens = reference", *sc.tokens_check("eos", "the last token equal to EOS ends the request")),
             ("preempted tokens = reference", *sc.tokens_check("preempted", "freed blocks go to the waiting requests"))],
            "30"),
     7: Lab(7, "prefix caching: the chained block hash hash_block_tokens", "lab07_block_hash", ["hash_block_tokens"],
            {"hash_block_tokens": [(kv_cache_utils, "hash_block_tokens")]},
-           [("hash is chained", uc.lab7_observe, uc.lab7_judge),
+           [("digest = the specified sha256", uh.lab7_digest_observe, uh.lab7_digest_judge),
+            ("hash is chained, in order", uh.lab7_chain_observe, uh.lab7_chain_judge),
             ("shared suffix, different prefix: no hit",
-             *sc.tokens_check("shared-suffix", "a block's name must cover its whole prefix")),
+             *sc.tokens_check("shared-suffix", "a block's name must cover its whole prefix",
+                              hits="a block's name must cover its whole prefix: same tokens after another prefix "
+                                   "is another block")),
+            ("blocks in another order: no hit",
+             *sc.tokens_check("swapped-blocks", "a block's name must cover its prefix in order",
+                              hits="X then Y is not Y then X: the chain must depend on the order of the blocks")),
+            ("same prompt again: a hit",
+             *sc.tokens_check("repeated", "equal prefixes must hash equal",
+                              hits="the same tokens after the same prefix must hash equal, in every process run")),
             ("greedy tokens = reference", *sc.tokens_check("greedy", "equal prefixes must hash equal"))], "20",
            forbidden=("get_request_block_hasher",)),
     5: Lab(5, "the paged KV cache: the write by slot_mapping and the read by block_table", "lab05_paged_kv",

@@ -13,6 +13,8 @@ from minivllm.sampling_params import SamplingParams
 
 GREEDY = SamplingParams(max_tokens=10, temperature=0)
 MUST_PREEMPT = {"preempted", "chunked-preempted"}  # scenarios whose reference run must preempt someone
+# SmolLM2 answers "2 + 2 = 4" and ends with EOS (8 tokens, greedy): a request that finishes before max_tokens
+EOS_PROMPT = "<|im_start|>user\nWhat is 2+2? Answer with a number only.<|im_end|>\n<|im_start|>assistant\n"
 
 
 def scenario(kind: str, llm, obs: dict) -> dict:
@@ -28,42 +30,66 @@ def scenario(kind: str, llm, obs: dict) -> dict:
     if kind == "chunked-preempted":  # the same under a budget of 6 tokens: chunks, and a preemption mid-way
         with ec.budget(llm, 6):
             return ec.run(llm, ec.PROMPTS, preempting, obs)
-    if kind == "eos":  # long enough for SmolLM2 to end one answer with EOS
-        return ec.run(llm, ["<|im_start|>user\nSay hi.<|im_end|>\n<|im_start|>assistant\n"],
-                      SamplingParams(max_tokens=30, temperature=0), obs)
+    if kind == "eos":  # one answer ends with EOS, the other runs to max_tokens
+        return ec.run(llm, [EOS_PROMPT, ec.PROMPTS[0]], SamplingParams(max_tokens=20, temperature=0), obs)
     if kind == "shared-suffix":  # block X after block Y, then a prompt that starts with X: must not hit
         y, x = list(range(1000, 1008)), list(range(3000, 3008))
         first = ec.run(llm, [y + x + [5]], SamplingParams(max_tokens=4, temperature=0), {})
         obs["first_tokens"] = first.get("tokens")
         return ec.run(llm, [x + [5, 6]], SamplingParams(max_tokens=4, temperature=0), obs)
+    if kind in ("swapped-blocks", "repeated"):  # X, Y and Y, Z cached; then Y, X (hits Y only) or X, Y (hits both)
+        x, y, z = list(range(2000, 2008)), list(range(4000, 4008)), list(range(6000, 6008))
+        ec.run(llm, [x + y + [5], y + z + [5]], SamplingParams(max_tokens=4, temperature=0), {})
+        second = y + x + [5, 6] if kind == "swapped-blocks" else x + y + [5]
+        return ec.run(llm, [second], SamplingParams(max_tokens=4, temperature=0), obs)
     if kind == "sampled":
         return ec.run(llm, ec.PROMPTS[:2], SamplingParams(max_tokens=8, temperature=1.0, top_k=5, top_p=0.6,
                                                           seed=7), obs)
     raise KeyError(kind)
 
 
-def tokens_check(kind: str, hint: str):
-    """(observe, judge): the scenario's invariants, then its tokens equal to the reference's."""
+def tokens_check(kind: str, hint: str, hits: str | None = None):
+    """(observe, judge): the scenario's invariants, its prefix-cache hits (when `hits` gives their hint), then
+    its tokens equal to the reference's."""
     def observe(sub, llm, obs):
         scenario(kind, llm, obs)
 
     def judge(obs, ref):
         if kind in MUST_PREEMPT and not ref.get("preemptions"):
             raise RuntimeError(f"the grader's {kind} scenario preempted nothing: the grader itself needs fixing")
+        if kind == "eos" and all(len(t) == 20 for t in ref["tokens"]):
+            raise RuntimeError("the grader's eos scenario never met EOS: the grader itself needs fixing")
         ec.judge_run(obs)
+        if hits is not None and obs.get("hits") != ref["hits"]:
+            bad = next((i for i, (e, g) in enumerate(zip(ref["hits"], obs.get("hits") or [])) if e != g), 0)
+            raise LabCheckFailed(f"{kind}: prefix-cache hits = reference", f"request {bad} (the second prompt), "
+                                 "num_cached_tokens", ref["hits"][bad], (obs.get("hits") or [None])[bad], hits)
         ec.same_tokens(f"{kind} tokens = reference", ref["tokens"], obs["tokens"], hint)
     return observe, judge
 
 
 # -- lab 1 ------------------------------------------------------------------------------------------------
-def lab1_outputs_observe(sub, llm, obs):
+def _drive(sub, llm, obs, prompts, params, token_budget=None):
+    """Run the submission's generate_loop on the engine (bounded in steps), recording what it returns."""
     engine = llm.llm_engine
-    with ec.step_bound(engine, obs):
-        outs = sub["generate_loop"](engine, ec.PROMPTS[:2], GREEDY)
+    with ec.step_bound(engine, obs), ec.budget(llm, token_budget or ec.scheduler_of(llm).scheduler_config
+                                               .max_num_batched_tokens):
+        outs = sub["generate_loop"](engine, prompts, params)
     obs["is_list"], obs["repr"] = isinstance(outs, list), repr(outs)[:80]
     if obs["is_list"]:
-        obs["tokens"] = [list(o.outputs[0].token_ids) if o is not None else None for o in outs]
+        obs["tokens"] = [list(o.outputs[0].token_ids) if hasattr(o, "outputs") else None for o in outs]
+        obs["prompts"] = [getattr(o, "prompt", None) for o in outs]
     obs["unfinished"] = bool(engine.has_unfinished_requests())
+    return outs
+
+
+def lab1_outputs_observe(sub, llm, obs):
+    _drive(sub, llm, obs, ec.PROMPTS[:2], GREEDY)
+
+
+def lab1_chunked_observe(sub, llm, obs):
+    """A token budget of 4: every prompt is prefilled in chunks, over more steps than max_tokens."""
+    _drive(sub, llm, obs, ec.PROMPTS[:2], GREEDY, token_budget=4)
 
 
 def _judge_step_limit(obs):
@@ -73,29 +99,43 @@ def _judge_step_limit(obs):
                              "and no longer")
 
 
-def lab1_outputs_judge(obs, ref):
-    _judge_step_limit(obs)
-    if not obs["is_list"] or len(obs["tokens"]) != len(ref["tokens"]):
-        raise LabCheckFailed("one output per prompt", "return value", "a list of 2 RequestOutputs", obs["repr"],
-                             "keep every finished output, in prompt order")
-    ec.same_tokens("greedy tokens = LLM.generate", ref["tokens"], obs["tokens"],
-                   "step until has_unfinished_requests() is False and keep each finished output")
-    if obs["unfinished"]:
-        raise LabCheckFailed("nothing left running", "after generate_loop", "no unfinished requests",
-                             "some unfinished", "loop while the engine has unfinished requests")
+def _lab1_judge(check: str, hint: str):
+    def judge(obs, ref):
+        _judge_step_limit(obs)
+        if not obs["is_list"] or len(obs["tokens"]) != len(ref["tokens"]):
+            raise LabCheckFailed("one output per prompt", "return value", f"a list of {len(ref['tokens'])} "
+                                 "RequestOutputs", obs["repr"], "keep every finished output, in prompt order")
+        if obs["unfinished"]:
+            raise LabCheckFailed("nothing left running", "after generate_loop", "no unfinished requests",
+                                 "some unfinished", "loop while the engine has unfinished requests: a step count "
+                                 "fixed in advance (prompts, max_tokens) is not enough once prefill is chunked")
+        ec.same_tokens(check, ref["tokens"], obs["tokens"], hint)
+    return judge
+
+
+lab1_outputs_judge = _lab1_judge("greedy tokens = LLM.generate", "step until has_unfinished_requests() is False "
+                                 "and keep each request's output once it is finished (not its first one)")
+lab1_chunked_judge = _lab1_judge("chunked tokens = LLM.generate", "a prefill may take several steps: loop on "
+                                 "has_unfinished_requests(), never on a step count")
 
 
 def lab1_order_observe(sub, llm, obs):
-    with ec.step_bound(llm.llm_engine, obs):
-        outs = sub["generate_loop"](llm.llm_engine, [ec.PROMPTS[2], ec.PROMPTS[0]], GREEDY)
-    obs["prompts"] = [getattr(o, "prompt", None) for o in outs] if isinstance(outs, list) else repr(outs)[:80]
+    """The first prompt runs to max_tokens, the second ends early with EOS: they finish in the other order."""
+    finished = []
+    with ec.on_step(llm.llm_engine, lambda outs: finished.extend(o.prompt for o in outs if o.finished)):
+        _drive(sub, llm, obs, [ec.PROMPTS[0], EOS_PROMPT], SamplingParams(max_tokens=24, temperature=0))
+    obs["finish_order"] = finished
 
 
 def lab1_order_judge(obs, ref):
+    if ref["finish_order"] == ref["prompts"]:
+        raise RuntimeError("lab 1's order scenario finished in prompt order: the grader itself needs fixing")
     _judge_step_limit(obs)
-    if obs["prompts"] != ref["prompts"]:
-        raise LabCheckFailed("outputs in prompt order", "RequestOutput.prompt", ref["prompts"], obs["prompts"],
-                             "requests finish in any order; return them as submitted")
+    if obs.get("prompts") != ref["prompts"]:
+        hint = ("you returned them in the order they finished; return them in the order the prompts came"
+                if obs.get("prompts") == ref["finish_order"] else "one output per prompt, in prompt order")
+        raise LabCheckFailed("outputs in prompt order", "RequestOutput.prompt of each returned output",
+                             ref["prompts"], obs.get("prompts", obs["repr"]), hint)
 
 
 # -- lab 2 ------------------------------------------------------------------------------------------------

@@ -4,7 +4,8 @@ In an exercise file, the lines from `### BEGIN SOLUTION` to `### END SOLUTION` b
 `raise NotImplementedError("write <function>: <its docstring's first line>")` at the same indent;
 `### BEGIN HIDDEN TESTS` ... `### END HIDDEN TESTS` blocks are dropped. In a notebook code cell, a solution
 block keeps its lines with every `NAME = value` assignment turned into `NAME = None  # your prediction`
-(e.g. `MY_ANSWER = 6` -> `MY_ANSWER = None  # your prediction`); outputs and execution counts are cleared.
+(e.g. `MY_ANSWER = 6` -> `MY_ANSWER = None  # your prediction`); outputs and execution counts are cleared, and
+a Predict lab's "### Why" markdown cell, which explains the answer, becomes a cell asking for the student's own.
 """
 from __future__ import annotations
 
@@ -15,6 +16,14 @@ BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 BEGIN_HIDDEN, END_HIDDEN = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
 _DEF = re.compile(r"^\s*def (\w+)\(")
 _ASSIGN = re.compile(r"^(\s*)([A-Za-z_]\w*)\s*=(?!=).*$")
+WHY = "### Why"
+WHY_STUDENT = (WHY + "\n*Your explanation: once the check cell says you are right, write here why the engine "
+               "gives that value (which step, which formula, which line of the trace).*")
+
+
+def is_answer_cell(cell) -> bool:
+    """A Predict lab's explanation of its answer: a markdown cell whose first line is `### Why`."""
+    return cell.cell_type == "markdown" and cell.source.lstrip().split("\n", 1)[0].strip() == WHY
 
 
 def strip_hidden(lines: list[str]) -> list[str]:
@@ -84,6 +93,8 @@ def write_student_copies(dest: str | Path, exercises: Path, notebooks: Path | No
         for path in sorted(notebooks.glob("*.ipynb")):
             nb = nbformat.read(path, as_version=4)
             for cell in nb.cells:
+                if is_answer_cell(cell):
+                    cell.source = WHY_STUDENT
                 if cell.cell_type == "code":
                     cell.source = stub_cell(cell.source)
                     cell.outputs, cell.execution_count = [], None

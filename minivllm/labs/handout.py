@@ -1,0 +1,138 @@
+"""The handout's pages: one per lab (goal, how to run and check, what the checks prove, the edge case, the
+time it takes) and an index. `python -m minivllm.labs student DIR` writes them with the stubs and notebooks.
+
+What each check proves is written here once per check name; `pages_for` refuses a lab whose check has no
+description (tests/test_labs_handout.py runs it for every lab), so a new check cannot ship undocumented.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+# lab id -> (goal, the edge case to think about)
+LAB_TEXT = {
+    1: ("Drive the engine the way LLM.generate does: submit every prompt, step until nothing is unfinished, "
+        "return one finished output per prompt, in the order of the prompts.",
+        "Requests finish in any order, and a prefill split into chunks takes several steps: nothing you know "
+        "before the loop (number of prompts, max_tokens) tells you how many steps it takes."),
+    2: ("Preempt a running request by recompute: free its KV blocks so others can run, forget its progress, and "
+        "put it first in line to come back.",
+        "The victim may share its first blocks with another running request (a prefix-cache hit): those stay "
+        "held. The order blocks return to the free queue is the order they will be evicted."),
+    3: ("Lay one step's scheduled tokens, from every request, on one dimension: each row's request, position "
+        "and KV slot, and the rows whose logits sample the next tokens.",
+        "A request in the middle of a chunked prefill does not sample; a decode row sits after the whole history; "
+        "block sizes other than 4."),
+    4: ("Give each attention layer what it needs from the forward context: the step's metadata, the layer, its "
+        "own KV cache and slot_mapping.",
+        "Every step installs a new forward context; every layer has its own cache."),
+    5: ("Write K/V into the paged cache by slot_mapping and read a request's history back by its block table.",
+        "Padding slots (-1); block ids in any order; block sizes other than 4."),
+    6: ("Decide when a request stops (check_stop) and reclaim a finished request (_free_request).",
+        "EOS as the last allowed token (which reason wins?), the max_model_len boundary, min_tokens, and a "
+        "finished request sharing its prefix blocks with one still running."),
+    7: ("Name a full KV block by its tokens and its whole prefix: the chained sha256 the lab specifies.",
+        "The same block after another prefix, or the same blocks in another order, must not hit; the same "
+        "prompt again must hit, in any process."),
+    8: ("Mask the logits outside top-k, then outside the top-p nucleus.",
+        "k <= 0 means no limit; the token whose probability mass reaches top_p stays; both set at once."),
+}
+
+# check name -> what passing it proves
+PROVES = {
+    "greedy tokens = LLM.generate": "your loop returns the same tokens as LLM.generate for two prompts",
+    "outputs in prompt order": "outputs come back in prompt order even when the second prompt finishes first",
+    "chunked tokens = LLM.generate": "your loop still finishes every request when prefill is chunked (budget 4)",
+    "preemption: victim state and counters": "status, progress, both preemption counters, registration and the "
+    "victim's place in WAITING, at block sizes 4, 8 and 16 with odd prompt lengths",
+    "preemption: shared blocks and free order": "shared prefix blocks stay held, the victim's own blocks return "
+    "tail first, and its full blocks stay cached (its readmission hits them)",
+    "victim state": "in the real engine, the victim's blocks come back and it is readmitted and finishes",
+    "preempted tokens and victims = reference": "12 blocks for 4 requests: the same victims and tokens as the "
+    "engine's, every invariant after every step (ref_cnts, free + held = pool, queues)",
+    "chunked and preempted tokens = reference": "the same under a token budget of 6 (chunks and preemption at once)",
+    "indices = formula": "all six arrays on hand-made batches (decodes, a middle chunk, a new prompt) at block "
+    "sizes 4, 8 and 16",
+    "greedy tokens = reference": "the engine with your function gives the reference tokens, every invariant held",
+    "chunked tokens = reference": "the same with prefill in chunks of 4 tokens",
+    "context of the named layer": "each of three layers gets its own objects, in two successive steps",
+    "write and read = formula": "the write and the read on hand-made caches at block sizes 4, 8 and 16, padding "
+    "included",
+    "preempted tokens = reference": "the same with preemption (freed blocks reused by others)",
+    "stop check: every rule and boundary": "14 cases: EOS, ignore_eos, min_tokens, stop_token_ids, max_tokens and "
+    "max_model_len at and one short of their boundary, EOS as the last allowed token",
+    "free: request forgotten, runner told": "the request leaves scheduler.requests, its id reaches "
+    "finished_req_ids (the runner releases its row) and it holds no block",
+    "free: shared blocks, free order, later hits": "shared blocks stay held, own blocks return tail first, and "
+    "a later request with the same prompt still hits its prefix after the pool evicts",
+    "EOS tokens = reference": "a request that ends with EOS beside one that runs to max_tokens",
+    "digest = the specified sha256": "the exact digest, block by block, on chains at block sizes 4, 8 and 16",
+    "hash is chained, in order": "the parent enters the digest, the order of blocks counts, the hash is stable",
+    "shared suffix, different prefix: no hit": "in the engine, a block after another prefix is not a hit",
+    "blocks in another order: no hit": "in the engine, blocks X, Y then Y, X is not a hit",
+    "same prompt again: a hit": "in the engine, the same prompt again hits its cached blocks",
+    "masks = formula": "the kept tokens of every row for top-k alone, top-p alone and both",
+    "seeded sampled tokens = reference": "seeded sampling in the engine gives the reference tokens",
+}
+
+
+def pages_for(lab) -> str:
+    """The page of one lab (markdown)."""
+    missing = [name for name, *_ in lab.checks if name not in PROVES]
+    if missing:
+        raise ValueError(f"lab {lab.id}'s checks {missing} have no description: add them to handout.PROVES")
+    goal, edge = LAB_TEXT[lab.id]
+    checks = "\n".join(f"{i}. **{name}**: {PROVES[name]}." for i, (name, *_) in enumerate(lab.checks, 1))
+    return f"""# Lab {lab.id}: {lab.title}
+
+**Goal.** {goal}
+
+**Write** {', '.join(f'`{f}`' for f in lab.functions)} in `exercises/{lab.module}.py`. The docstrings are the
+contract: inputs, outputs, the invariants the grader checks, one worked example. Keep the `def` lines as they are.
+
+**Run and check.**
+
+```bash
+python -m minivllm.labs check {lab.id} --submission exercises/{lab.module}.py        # stops at the first failure
+python -m minivllm.labs check {lab.id} --submission exercises/{lab.module}.py --all  # every check
+```
+
+A failed check prints where (case, step, request, field), what the engine gives, what yours gave, and a hint.
+The unit checks run first, without the model, in about a second; the checks in the engine take a few seconds
+each (the first `check` of a session also loads the model and computes the reference once).
+
+**What the checks prove.**
+
+{checks}
+
+**The edge case to think about.** {edge}
+
+**Expected time.** About {lab.minutes} minutes.
+"""
+
+
+def write_pages(dest, labs: dict) -> list[Path]:
+    """Write dest/README.md (the index) and dest/labs/labNN.md; return the files written."""
+    dest = Path(dest)
+    (dest / "labs").mkdir(parents=True, exist_ok=True)
+    written = []
+    for lab in labs.values():
+        path = dest / "labs" / f"lab{lab.id:02d}.md"
+        path.write_text(pages_for(lab))
+        written.append(path)
+    rows = "\n".join(f"| {lab.id} | [{lab.title}](labs/lab{lab.id:02d}.md) | `exercises/{lab.module}.py` | "
+                     f"{lab.minutes} min |" for lab in labs.values())
+    index = dest / "README.md"
+    index.write_text(f"""# minivllm labs: the handout
+
+Each lab asks you to write one mechanism of the engine. The grader plugs your function into the real engine in
+place of ours and checks it: first on small hand-made cases, then in the engine against the reference.
+
+| lab | what you write | file | time |
+|---|---|---|---|
+{rows}
+
+Start a lab by reading its page, then the docstring of the function in its file. Check with
+`python -m minivllm.labs check N --submission exercises/<file>.py`. The notebooks in `notebooks/` end with a
+Predict lab: set `MY_ANSWER`, run the check cell, then write down why in the cell after it.
+""")
+    return [index, *written]
