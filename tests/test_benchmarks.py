@@ -80,3 +80,13 @@ def test_sweep_benchmark_prints_the_table_and_draws_the_figure(tiny_llama_folder
     for text in ("floor inputs", "concurrency      1", "prompt_len", "figure written"):
         assert text in out
     assert figure.stat().st_size > 10_000
+
+
+def test_prefill_attention_benchmark_compares_kernel_and_sdpa(capsys, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["prefill_attention.py", "--tokens", "3", "40", "--context", "5", "--rounds",
+                                      "2", "--min-seconds", "0"])
+    runpy.run_path("benchmarks/prefill_attention.py", run_name="__main__")
+    lines = [line for line in capsys.readouterr().out.splitlines() if "tokens:" in line]
+    assert len(lines) == 4  # two sizes x two dtypes
+    for line in lines:  # the kernel and SDPA agree on the same inputs
+        assert float(line.rsplit("max|diff| ", 1)[1]) < (2e-2 if line.startswith("bfloat16") else 1e-4), line
