@@ -95,12 +95,13 @@ def serve() -> None:
     import torch
     torch.set_num_threads(1)  # no OpenMP pool before fork: a forked process's first parallel region cannot hang
     from minivllm.labs import engine_checks as ec
+    from minivllm.labs.harness import needs_engine
     from minivllm.labs.registry import LABS
     with os.fdopen(cmd_fd, "rb") as commands:
         for line in commands:
             job = json.loads(line)
             check = job.get("check")
-            if check is not None and getattr(LABS[job["lab"]].checks[check][1], "needs_engine", True):
+            if check is not None and needs_engine(LABS[job["lab"]].checks[check][1]):
                 ec.BACKEND = LABS[job["lab"]].backend  # build the lab's engine here, once, so every fork starts
                 ec.get_llm()  # from it (not for a unit check: a failing unit check never waits for the model)
             answer = _run_forked(job, (cmd_fd, res_fd))
