@@ -5,8 +5,8 @@ CacheConfig are the slices the scheduler reads, so the scheduler can be built
 by hand without a model. Every dataclass checks itself in __post_init__ and
 names the argument to change. vLLM's ParallelConfig fields that minivllm runs
 (tensor_parallel_size, distributed_executor_backend, nnodes, node_rank,
-master_addr, master_port) sit in EngineConfig itself. Left out: pipeline and data
-parallelism, speculative decoding, quantization, LoRA and multimodal configs.
+master_addr, master_port) sit in EngineConfig itself; `speculative_config` is vLLM's dict, checked by
+spec_decode/config.py. Left out: pipeline and data parallelism, quantization, LoRA and multimodal configs.
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from typing import Literal
 
 from minivllm import envs
 from minivllm.profiler import check_profiler_config
+from minivllm.spec_decode.config import SpeculativeConfig
 from minivllm.utils.math_utils import is_int, is_number
 
 
@@ -131,6 +132,8 @@ class EngineConfig:
     master_port: int = 29501  # its port (vLLM's default)
     enforce_eager: bool = False  # a no-op: minivllm never captures CUDA graphs or compiles
     profiler_config: dict | None = None  # {"profiler": "torch", "torch_profiler_dir": ...}
+    # {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": ..., "prompt_lookup_min": ...}
+    speculative_config: dict | None = None
 
     def __post_init__(self) -> None:
         for name, (kind, optional) in _field_kinds(type(self)).items():
@@ -179,6 +182,12 @@ class EngineConfig:
             self.profiler_config = {"profiler": "torch", "torch_profiler_dir": envs.torch_profiler_dir()}
         if self.profiler_config is not None:
             check_profiler_config(self.profiler_config)
+        if self.speculative_config is not None:
+            SpeculativeConfig.from_dict(self.speculative_config)
+
+    @property
+    def spec_config(self) -> SpeculativeConfig | None:
+        return None if self.speculative_config is None else SpeculativeConfig.from_dict(self.speculative_config)
 
     @property
     def local_world_size(self) -> int:

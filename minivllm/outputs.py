@@ -54,3 +54,11 @@ class ModelRunnerOutput:
     # req_id -> per prompt position 1.. (logprob, rank, [(token_id, logprob), ...]) of the prompt token there;
     # sent once, in the step that computes the prompt's last chunk (with its first sampled token)
     prompt_logprobs_dict: dict[str, list[tuple[float, int, list[tuple[int, float]]]]] = field(default_factory=dict)
+
+
+@dataclass
+class DraftTokenIds:
+    """Speculative decoding: the drafts the runner proposed for each request's next step, handed to the
+    scheduler after the step (EngineCore.post_step -> executor.take_draft_token_ids)."""
+    req_ids: list[str]
+    draft_token_ids: list[list[int]]

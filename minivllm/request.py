@@ -5,7 +5,9 @@ The single progress model of the V1 scheduler lives here: `num_computed_tokens`
 outputs sampled so far). A prefill and a decode differ only in the gap.
 With prefix caching a request also carries `block_hashes`, one per full block of its tokens,
 extended by `append_output_token_ids` as outputs fill more blocks.
-Left out: spec-decode placeholders, multimodal inputs, structured output, LoRA.
+With speculative decoding `spec_token_ids` holds the drafts proposed for the next step; they count toward
+`num_tokens_with_spec` (what the scheduler budgets) but never toward num_tokens until verified.
+Left out: async-scheduling placeholders, multimodal inputs, structured output, LoRA.
 """
 from __future__ import annotations
 
@@ -59,6 +61,7 @@ class Request:
         self.stop_reason: int | str | None = None
         self.output_token_ids: list[int] = []
         self.num_computed_tokens = 0
+        self.spec_token_ids: list[int] = []  # drafts for the next step (speculative decoding)
         self.num_preemptions = 0
         # Prefix caching. num_cached_tokens: the prefix-cache hit of the first admission (-1: not yet admitted).
         self.num_cached_tokens = -1
@@ -81,6 +84,10 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_tokens_with_spec(self) -> int:
+        return self.num_tokens + len(self.spec_token_ids)
 
     @property
     def all_token_ids(self) -> list[int]:

@@ -6,7 +6,7 @@ EngineArgs has exactly EngineConfig's fields (it is one, with the command line a
 (`LLMEngine.from_engine_args(EngineArgs.from_cli_args(args))`, `LLM(**vars(args))`) run unchanged.
 Booleans are `--flag/--no-flag`, dicts are JSON (`--profiler-config '{"profiler": "torch", ...}'`).
 Left out: AsyncEngineArgs, argument groups per config class, and the hundreds of vLLM flags minivllm
-has no field for (quantization, LoRA, speculative decoding, pipeline and data parallelism).
+has no field for (quantization, LoRA, pipeline and data parallelism).
 """
 from __future__ import annotations
 
@@ -52,6 +52,8 @@ HELP = {
     "master_port": "port of that TCP store",
     "enforce_eager": "accepted for vLLM compatibility; a no-op (minivllm always runs eagerly)",
     "profiler_config": 'JSON, e.g. \'{"profiler": "torch", "torch_profiler_dir": "./profile"}\'',
+    "speculative_config": 'JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}\' '
+                          "(n-gram prompt lookup: drafts from the request's own tokens, verified in one forward)",
 }
 
 

@@ -40,10 +40,12 @@ class EngineCore:
         self.model_executor = Executor.get_class(config)(config, model_folder)
         self.num_gpu_blocks = self._initialize_kv_caches(config, hf_config)
         self.scheduler = Scheduler(config.scheduler_config(self.max_model_len),
-                                   CacheConfig(config.block_size, self.num_gpu_blocks, config.enable_prefix_caching))
+                                   CacheConfig(config.block_size, self.num_gpu_blocks, config.enable_prefix_caching),
+                                   num_spec_tokens=config.spec_config.num_speculative_tokens if config.spec_config else 0)
         # prefix caching: each Request hashes its full blocks as its tokens arrive (vLLM's request_block_hasher)
         self.request_block_hasher = get_request_block_hasher(config.block_size) \
             if config.enable_prefix_caching else None
+        self.use_spec_decode = config.speculative_config is not None
         self.tracer = None  # set by minivllm.tracing; observes each step, changes nothing
         self.profiler = TorchProfiler(config.profiler_config, f"EngineCore_pid{os.getpid()}") \
             if config.profiler_config else None
@@ -78,6 +80,11 @@ class EngineCore:
         scheduler_output = self.scheduler.schedule()  # 1. spend the token and block budgets
         model_output = self.model_executor.execute_model(scheduler_output)  # 2. forward + sample
         return self.scheduler.update_from_output(scheduler_output, model_output)  # 3. append, stop, free
+
+    def post_step(self) -> None:
+        """After a step, as vLLM's: with speculative decoding, the drafts the runner proposed go to the scheduler."""
+        if self.use_spec_decode and (draft_token_ids := self.model_executor.take_draft_token_ids()) is not None:
+            self.scheduler.update_draft_token_ids(draft_token_ids)
 
     def shutdown(self) -> None:
         """Stop the executor's workers (their processes, under tensor parallelism); idempotent."""
@@ -178,6 +185,7 @@ def run_busy_loop(core: EngineCore, input_queue, send, parent_pid: int) -> None:
                 message = None
         if core.scheduler.has_unfinished_requests():
             outputs = core.step()
+            core.post_step()
             if events := core.drain_trace():  # a traced engine: what its observers saw, before the outputs
                 send(TraceEvents(events))
             if outputs.outputs:

@@ -1,17 +1,15 @@
 """Mirror of vllm/v1/engine/core_client.py: how LLMEngine talks to EngineCore.
 
-InprocClient holds EngineCore in the caller's process: get_output() runs one
-step. SyncMPClient starts EngineCore in a child process: requests go in over
-an IPC queue, EngineCoreOutputs come back over a one-way pipe; get_output()
-only consumes. A dead child is reported within a second, never waited on
+InprocClient holds EngineCore in the caller's process: get_output() runs one step. SyncMPClient
+starts EngineCore in a child process: requests go in over an IPC queue, EngineCoreOutputs come back
+over a one-way pipe; get_output() only consumes. A dead child is reported within a second, never waited on
 forever (even mid-message), a Ctrl-C in the terminal reaches only the caller,
 and no child outlives its client. AsyncMPClient (the server's) is SyncMPClient read by one
 thread that hands each message to the event loop, so asyncio code awaits outputs and utility
 results while EngineCore steps. Every message is a typed dataclass (minivllm/engine/__init__.py),
 dispatched by its type. TraceEvents, which only a traced engine sends, are kept apart from the
 outputs, in arrival order, until the caller's Trace takes them (`take_trace_events`).
-Left out: ZMQ, msgpack, data-parallel clients.
-"""
+Left out: ZMQ, msgpack, data-parallel clients."""
 from __future__ import annotations
 
 import asyncio
@@ -57,7 +55,9 @@ class InprocClient:
 
     def get_output(self) -> EngineCoreOutputs:
         try:
-            return self._core().step()  # in-process, consuming output means running a step
+            outputs = (core := self._core()).step()  # in-process, consuming output means running a step
+            core.post_step()  # speculative decoding: the drafts for the next step
+            return outputs
         except EngineDeadError as e:  # a worker process died: every later call says so too
             self._dead = str(e)
             raise

@@ -58,6 +58,10 @@ class Executor:
         """One step on every worker; the driver rank's output is the step's."""
         return self.collective_rpc("execute_model", args=(scheduler_output,))[0]
 
+    def take_draft_token_ids(self):
+        """Speculative decoding: the drafts the driver rank proposed in the last step (a DraftTokenIds or None)."""
+        return self.collective_rpc("take_draft_token_ids", unique_reply_rank=0)[0]
+
     def check_health(self) -> None:
         """Raise if a worker is gone."""
         self.collective_rpc("check_health")

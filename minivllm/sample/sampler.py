@@ -88,8 +88,14 @@ class Sampler:
         return SamplerOutput(sampled, self._logprobs(raw, sampled, md.max_num_logprobs))
 
     def _sample(self, logits: torch.Tensor, md: SamplingMetadata, greedy: torch.Tensor) -> torch.Tensor:
-        is_greedy = md.temperature == 0
-        temperature = torch.where(is_greedy, torch.ones_like(md.temperature), md.temperature)
+        random = self.draw(self.compute_probs(logits, md), md.generators)
+        return torch.where(md.temperature == 0, greedy, random)
+
+    @staticmethod
+    def compute_probs(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+        """The distribution random rows draw from: temperature, min-p, top-k, top-p (greedy rows at temperature 1,
+        unused). The rejection sampler verifies drafts against the same probabilities."""
+        temperature = torch.where(md.temperature == 0, torch.ones_like(md.temperature), md.temperature)
         logits = logits / temperature.unsqueeze(1)
         if md.min_p is not None:  # drop tokens below min_p x the top probability
             probs = logits.softmax(dim=-1)
@@ -97,11 +103,17 @@ class Sampler:
             logits = logits.masked_fill(probs < threshold, float("-inf"))
         if md.top_k is not None or md.top_p is not None:
             logits = apply_top_k_top_p(logits, md.top_k, md.top_p)
-        cdf = logits.softmax(dim=-1).cumsum(dim=-1)  # [num_logits, vocab_size]; masked tokens add nothing
-        u = torch.cat([torch.rand(1, generator=g, device=cdf.device) for g in md.generators])  # [num_logits]
+        return logits.softmax(dim=-1)  # [num_logits, vocab_size]
+
+    @staticmethod
+    def draw(probs: torch.Tensor, generators: list[torch.Generator]) -> torch.Tensor:
+        """One token per row by inverse CDF: one uniform number from the row's generator, looked up in the row's
+        cumulative (not necessarily normalised) probabilities."""
+        cdf = probs.cumsum(dim=-1)  # [rows, vocab_size]; masked tokens add nothing
+        u = torch.cat([torch.rand(1, generator=g, device=cdf.device) for g in generators])  # [rows]
         # the first token whose cumulative mass exceeds u x the row's total (clamped: rounding at the very end)
-        random = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(1), right=True).squeeze(1)
-        return torch.where(is_greedy, greedy, random.clamp_(max=cdf.shape[1] - 1))
+        token = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(1), right=True).squeeze(1)
+        return token.clamp_(max=cdf.shape[1] - 1)
 
     @staticmethod
     def _logprobs(logits: torch.Tensor, sampled: torch.Tensor, k: int | None):

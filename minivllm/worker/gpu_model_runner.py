@@ -8,8 +8,10 @@ get their prompt rows through lm_head, chunk by chunk under chunked prefill,
 as vLLM's _get_prompt_logprobs_dict. It knows nothing of queues. The Worker builds
 it over a loaded model and gives it its KV cache (`initialize_kv_cache`); after a step
 `last_batch` / `last_attn_metadata` hold what it packed, for readers such as tracing. Left out:
-CUDA graphs, torch.compile, spec decode, pipeline/tensor parallelism, LoRA,
-multimodal inputs, async output copies.
+CUDA graphs, torch.compile, pipeline parallelism, LoRA, multimodal inputs, async output copies.
+With speculative decoding (`speculative_config`) a request's drafts are packed after its last token, its last
+d + 1 rows go through lm_head, worker/sampling_step.py verifies them, and the NgramProposer drafts the next
+step's tokens from each request's own tokens (ModelRunnerOutput.spec_token_ids).
 """
 from __future__ import annotations
 
@@ -22,10 +24,15 @@ from minivllm.attention.selector import get_attn_impl
 from minivllm.core.kv_cache_utils import kv_cache_shape
 from minivllm.core.sched.output import SchedulerOutput
 from minivllm.forward_context import set_forward_context
-from minivllm.outputs import ModelRunnerOutput
+from minivllm.outputs import DraftTokenIds, ModelRunnerOutput
+from minivllm.sample.rejection_sampler import RejectionSampler
 from minivllm.sample.sampler import Sampler
+from minivllm.spec_decode.config import SpeculativeConfig
+from minivllm.spec_decode.metadata import make_spec_decode_metadata
+from minivllm.spec_decode.ngram_proposer import NgramProposer
 from minivllm.utils.math_utils import cdiv
 from minivllm.worker.input_batch import InputBatch, PackedBatch
+from minivllm.worker.sampling_step import propose_draft_token_ids, sample_tokens
 from minivllm.worker.sampling_state import SamplingState
 
 
@@ -65,7 +72,7 @@ def pack_indices(num_scheduled: np.ndarray, num_computed: np.ndarray, block_tabl
 class GPUModelRunner:
     def __init__(self, model: torch.nn.Module, *, block_size: int, max_num_reqs: int, max_model_len: int,
                  attention_backend: str, device: str = "cpu", seed: int = 0,
-                 num_gpu_blocks: int | None = None) -> None:
+                 num_gpu_blocks: int | None = None, speculative_config: SpeculativeConfig | None = None) -> None:
         """`model` is loaded already (the Worker's load_model); the KV cache comes with initialize_kv_cache,
         once EngineCore has sized it (num_gpu_blocks: allocate it now, for a runner driven by hand)."""
         self.model, self.device, self.block_size = model, torch.device(device), block_size
@@ -78,7 +85,11 @@ class GPUModelRunner:
             self.initialize_kv_cache(num_gpu_blocks)
         self.input_batch = InputBatch(max_num_reqs, max_model_len, cdiv(max_model_len, block_size))
         self.sampling_state = SamplingState(self.vocab_size, self.device, seed)
-        self.sampler = Sampler()
+        self.sampler, self.rejection_sampler = Sampler(), RejectionSampler()
+        self.drafter = None if speculative_config is None else NgramProposer(
+            speculative_config.num_speculative_tokens, speculative_config.prompt_lookup_min,
+            speculative_config.prompt_lookup_max, max_model_len)
+        self._draft_token_ids: DraftTokenIds | None = None
         # prompt_logprobs: how many alternatives each still-prefilling request wants, and what its chunks gave
         self.num_prompt_logprobs: dict[str, int] = {}
         self.in_progress_prompt_logprobs: dict[str, list] = {}
@@ -123,6 +134,9 @@ class GPUModelRunner:
                 batch.add_request(req_id, cached.resumed_req_token_ids[i], cached.new_block_ids[i])
             else:
                 batch.append_block_ids(req_id, cached.new_block_ids[i])
+        for req_id, drafts in so.scheduled_spec_decode_tokens.items():  # packed after the last token, not counted
+            row = batch.req_id_to_row[req_id]
+            batch.token_ids_cpu[row, batch.num_tokens_cpu[row]:batch.num_tokens_cpu[row] + len(drafts)] = drafts
 
     # Packing: request i contributes num_scheduled_tokens[i] consecutive rows starting at
     # query_start_loc[i]. Every per-token array (input_ids, positions, slot_mapping) is computed
@@ -206,23 +220,31 @@ class GPUModelRunner:
         with set_forward_context(attn_metadata, self.attn_layers, slot_mapping=b.slot_mapping):
             hidden_states = self.model(b.input_ids, b.positions)  # [num_tokens, hidden_size]
         prompt_logprobs = self._get_prompt_logprobs_dict(b, hidden_states) if self.num_prompt_logprobs else {}
-        logits = self.model.compute_logits(hidden_states[b.logits_indices])  # [num_logits, vocab_size]
         sampling_ids = [b.req_ids[i] for i in b.sampling_req_indices]
-        sampled = self.sampler(logits, self.sampling_state.make_sampling_metadata(sampling_ids, self.input_batch)) if sampling_ids else None
+        drafts = [so.scheduled_spec_decode_tokens.get(r, []) for r in sampling_ids]
+        spec = make_spec_decode_metadata(b.query_start_loc[1:].cpu().numpy()[b.sampling_req_indices], drafts) \
+            if any(drafts) else None
+        # [num_logits, vocab_size]: one row per sampling request, or d + 1 for one verifying d drafts
+        rows = b.logits_indices if spec is None else torch.from_numpy(spec.logits_indices).to(self.device)
+        logits = self.model.compute_logits(hidden_states[rows])
+        outputs, sampled_logprobs = sample_tokens(self.sampler, self.rejection_sampler, self.sampling_state,
+                                                  self.input_batch, logits, sampling_ids, spec) \
+            if sampling_ids else ([], None)
         sampled_token_ids: list[list[int]] = [[] for _ in b.req_ids]
-        logprobs: list | None = None
-        if sampled is not None:
-            tokens = sampled.sampled_token_ids.tolist()
-            for req_index, req_id, token in zip(b.sampling_req_indices, sampling_ids, tokens):
-                sampled_token_ids[req_index] = [token]
+        logprobs: list | None = None if sampled_logprobs is None else [None] * b.num_reqs
+        for j, (req_index, req_id, tokens) in enumerate(zip(b.sampling_req_indices, sampling_ids, outputs)):
+            sampled_token_ids[req_index] = tokens
+            for token in tokens:
                 self.input_batch.append_token(req_id, token)
-            if sampled.logprobs is not None:
-                logprobs = [None] * b.num_reqs
-                lp, rank, top_ids, top_lp = (t.tolist() for t in sampled.logprobs)
-                for j, (req_index, req_id) in enumerate(zip(b.sampling_req_indices, sampling_ids)):
-                    k = self.sampling_state.requests[req_id].logprobs
-                    if k is not None:
-                        k = self.vocab_size if k == -1 else k
-                        logprobs[req_index] = [(lp[j], rank[j], list(zip(top_ids[j][:k], top_lp[j][:k])))]
+            if logprobs is not None:
+                logprobs[req_index] = sampled_logprobs[j]
+        if self.drafter is not None:  # taken by take_draft_token_ids after the step, as vLLM's
+            proposed = propose_draft_token_ids(self.drafter, self.sampling_state, self.input_batch, sampling_ids)
+            self._draft_token_ids = DraftTokenIds(list(proposed), list(proposed.values()))
         return ModelRunnerOutput(b.req_ids, {r: i for i, r in enumerate(b.req_ids)}, sampled_token_ids, logprobs,
                                  prompt_logprobs)
+
+    def take_draft_token_ids(self) -> DraftTokenIds | None:
+        """The drafts proposed in the last step (once: they are cleared)."""
+        drafts, self._draft_token_ids = self._draft_token_ids, None
+        return drafts

@@ -91,7 +91,7 @@ class Worker:
         self.model_runner = GPUModelRunner(
             model, block_size=config.block_size, max_num_reqs=config.max_num_seqs, max_model_len=max_model_len,
             attention_backend=get_attn_backend_name(config.attention_backend, config.device, config.dtype),
-            device=self.device, seed=config.seed)
+            device=self.device, seed=config.seed, speculative_config=config.spec_config)
 
     def determine_available_memory(self) -> int:
         """Bytes this worker's KV cache may take, measured now that the weights are in memory."""
@@ -103,6 +103,9 @@ class Worker:
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         return self.model_runner.execute_model(scheduler_output)
+
+    def take_draft_token_ids(self):
+        return self.model_runner.take_draft_token_ids()
 
     def get_model(self) -> torch.nn.Module:
         return self.model_runner.model

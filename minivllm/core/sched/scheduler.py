@@ -1,12 +1,11 @@
 """Mirror of vllm/v1/core/sched/scheduler.py: decide, each step, who advances by how many tokens.
 
-The scheduler knows nothing of tensors: it reads requests and the block pool and
-writes a SchedulerOutput. With prefix caching a waiting request is admitted at
-the end of its longest cached prefix and charged budget only for the rest.
-`observers` (tracing) are told after add_request, schedule, update_from_output
-and finish_requests, to read the state then; they change nothing.
-Left out: speculative decoding, encoder inputs, structured output, KV
-connectors, async scheduling.
+The scheduler knows nothing of tensors: it reads requests and the block pool and writes a SchedulerOutput.
+With prefix caching a waiting request is admitted at the end of its longest cached prefix and charged budget
+only for the rest. With speculative decoding a running request's drafts are budgeted like any uncomputed
+token; update_from_output rolls num_computed_tokens back by the rejected ones. `observers` (tracing) are told
+after add_request, schedule, update_from_output and finish_requests, to read the state; they change nothing.
+Left out: encoder inputs, structured output, KV connectors, async scheduling.
 """
 from __future__ import annotations
 
@@ -18,10 +17,11 @@ from minivllm.core.sched.utils import check_request_fits, check_stop, remove_all
 from minivllm.engine import EngineCoreOutput, EngineCoreOutputs
 from minivllm.outputs import ModelRunnerOutput
 from minivllm.request import Request, RequestStatus
+from minivllm.spec_decode.metrics import SpecDecodingStats
 
 
 class Scheduler:
-    def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig) -> None:
+    def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig, num_spec_tokens: int = 0) -> None:
         self.scheduler_config = scheduler_config
         self.cache_config = cache_config
         self.max_model_len = scheduler_config.max_model_len
@@ -32,8 +32,8 @@ class Scheduler:
         self.running: list[Request] = []
         self.finished_req_ids: set[str] = set()  # since the last schedule(): the runner drops them
         self.num_preemptions = 0
-        # Observers (tracing) read the scheduler's state right after each call below; they change nothing.
-        self.observers: list = []
+        self.spec_decoding_stats = SpecDecodingStats(num_spec_tokens) if num_spec_tokens else None
+        self.observers: list = []  # tracing: reads the state right after each call below; changes nothing
 
     def _notify(self, hook: str, *args) -> None:
         for observer in self.observers:
@@ -62,6 +62,7 @@ class Scheduler:
         scheduled_new: list[Request] = []
         scheduled_resumed: list[Request] = []
         preempted: list[Request] = []
+        spec_tokens: dict[str, list[int]] = {}  # scheduled_spec_decode_tokens
 
         # Phase 1: RUNNING first. A failed allocation preempts a victim and retries.
         req_index = 0
@@ -78,6 +79,7 @@ class Scheduler:
                     scheduled_running.remove(victim)  # and uncache the blocks allocated for them (no KV in them)
                     token_budget += num_scheduled_tokens.pop(victim.request_id)
                     new_block_ids.pop(victim.request_id)
+                    spec_tokens.pop(victim.request_id, None)
                     self.kv_cache_manager.uncache_unwritten_blocks(victim)
                     req_index -= 1
                 self._preempt_request(victim)
@@ -91,6 +93,10 @@ class Scheduler:
             new_block_ids[request.request_id] = [b.block_id for b in new_blocks]
             token_budget -= num_new_tokens
             req_index += 1
+            if request.spec_token_ids:  # drafts past the budget are dropped; new ones come with the step's output
+                if (num_drafts := request.num_computed_tokens + num_new_tokens - request.num_tokens) > 0:
+                    spec_tokens[request.request_id] = request.spec_token_ids[:num_drafts]
+                request.spec_token_ids = []
 
         # Phase 2: admit WAITING with the budget left, unless this step already had to preempt.
         while not preempted and len(self.waiting) and token_budget > 0:
@@ -118,23 +124,16 @@ class Scheduler:
             token_budget -= num_new_tokens
 
         # Pack the plan, then advance the progress model (vLLM's _update_after_schedule).
-        get_ids = self.kv_cache_manager.get_block_ids
-        cached = CachedRequestData()
-        for request in scheduled_running + scheduled_resumed:
-            resumed = request in scheduled_resumed
-            cached.req_ids.append(request.request_id)
-            cached.resumed_from_preemption.append(resumed)
-            cached.resumed_req_token_ids.append(request.all_token_ids if resumed else None)
-            cached.new_block_ids.append(new_block_ids[request.request_id])
-            cached.num_computed_tokens.append(request.num_computed_tokens)
         output = SchedulerOutput(
             scheduled_new_reqs=[NewRequestData(r.request_id, list(r.prompt_token_ids), r.sampling_params,
-                                               get_ids(r.request_id), r.num_computed_tokens) for r in scheduled_new],
-            scheduled_cached_reqs=cached,
+                                               self.kv_cache_manager.get_block_ids(r.request_id),
+                                               r.num_computed_tokens) for r in scheduled_new],
+            scheduled_cached_reqs=CachedRequestData.make(scheduled_running, scheduled_resumed, new_block_ids),
             num_scheduled_tokens=num_scheduled_tokens,
             total_num_scheduled_tokens=sum(num_scheduled_tokens.values()),
             finished_req_ids=self.finished_req_ids,
             preempted_req_ids={r.request_id for r in preempted},
+            scheduled_spec_decode_tokens=spec_tokens,
         )
         for req_id, n in num_scheduled_tokens.items():
             self.requests[req_id].num_computed_tokens += n
@@ -147,13 +146,16 @@ class Scheduler:
         of a 55-token prompt cost 7) trails num_tokens, capped by long_prefill_token_threshold (only with chunked
         prefill on), clamped to token_budget; at admission without chunked prefill 0 if the rest does not fit."""
         admitting = num_computed_tokens is not None
-        num_new_tokens = request.num_tokens - (num_computed_tokens if admitting else request.num_computed_tokens)
+        if not admitting:  # a running request's drafts count like any uncomputed token (a waiting one has none)
+            num_computed_tokens = request.num_computed_tokens
+        num_new_tokens = (request.num_tokens if admitting else request.num_tokens_with_spec) - num_computed_tokens
         cfg = self.scheduler_config
         if cfg.enable_chunked_prefill and cfg.long_prefill_token_threshold:
             num_new_tokens = min(num_new_tokens, cfg.long_prefill_token_threshold)
         if admitting and not cfg.enable_chunked_prefill and num_new_tokens > token_budget:
             return 0
-        return min(num_new_tokens, token_budget)  # the budget clamp (at admission: the chunked-prefill clamp)
+        # the budget clamp (at admission: the chunked-prefill clamp); no draft's position may reach max_model_len
+        return min(num_new_tokens, token_budget, self.max_model_len - 1 - num_computed_tokens)
 
     def _select_victim(self) -> Request:
         """The RUNNING request to preempt: the lowest priority, or with FCFS the tail (LIFO: the latest admitted)."""
@@ -170,6 +172,7 @@ class Scheduler:
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         request.num_preemptions += 1
+        request.spec_token_ids = []  # drafts are dropped with the KV
         self.num_preemptions += 1
         self.waiting.prepend_request(request)
 
@@ -187,6 +190,9 @@ class Scheduler:
             generated = model_runner_output.sampled_token_ids[req_index]
             if not generated:
                 continue  # a partial prefill chunk samples nothing
+            if drafts := scheduler_output.scheduled_spec_decode_tokens.get(req_id):  # kept len(generated) - 1
+                request.num_computed_tokens -= len(drafts) + 1 - len(generated)  # roll back the rejected drafts
+                self.spec_decoding_stats.observe_draft(len(drafts), len(generated) - 1)
             new_token_ids, stopped = self._update_request_with_output(request, generated)
             new_logprobs = logprobs[req_index][:len(new_token_ids)] if logprobs and logprobs[req_index] else None
             if stopped:  # finished: its blocks go back to the pool now
@@ -202,11 +208,14 @@ class Scheduler:
         self._notify("on_update", scheduler_output, model_runner_output, engine_core_outputs)
         return engine_core_outputs
 
-    def _update_request_with_output(self, request: Request, new_token_ids: list[int]) -> tuple[list[int], bool]:
-        """Append the sampled tokens one by one, stopping at the first that ends the request.
+    def update_draft_token_ids(self, draft_token_ids) -> None:
+        """Speculative decoding: each still-running request's drafts for its next step (a DraftTokenIds)."""
+        for req_id, drafts in zip(draft_token_ids.req_ids, draft_token_ids.draft_token_ids):
+            if (request := self.requests.get(req_id)) is not None and request.status == RequestStatus.RUNNING:
+                request.spec_token_ids = drafts
 
-        Returns the tokens kept (a token after a stop is dropped) and whether the request stopped.
-        """
+    def _update_request_with_output(self, request: Request, new_token_ids: list[int]) -> tuple[list[int], bool]:
+        """Append the sampled tokens one by one up to the first that ends the request: (tokens kept, stopped)."""
         for i, token_id in enumerate(new_token_ids):
             request.append_output_token_ids(token_id)  # also hashes a block the token fills
             if check_stop(request, self.max_model_len):
@@ -231,8 +240,7 @@ class Scheduler:
         self.finished_req_ids.add(request.request_id)
         del self.requests[request.request_id]
 
-    def reset_prefix_cache(self) -> bool:
-        """Forget every cached prefix; False while requests hold blocks (vLLM's default, no forced preemption)."""
+    def reset_prefix_cache(self) -> bool:  # False while requests hold blocks (vLLM's default: no forced preemption)
         return self.kv_cache_manager.reset_prefix_cache()
 
     def get_num_unfinished_requests(self) -> int:
