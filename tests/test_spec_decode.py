@@ -195,13 +195,43 @@ def test_speculative_config_reaches_the_engine_as_a_clear_error():
         LLM(speculative_config={"method": "ngram"}, multiprocess=False)
 
 
-def test_speculation_in_the_engine_core_child_process(smollm_folder):
-    """The drafts cross the process boundary as vLLM's do: EngineCore.post_step in the child's busy loop."""
-    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-    child = LLM(model=str(smollm_folder), multiprocess=True, speculative_config=NGRAM)
+def test_serve_with_speculative_config_flag_and_its_metrics(smollm_folder):
+    """`serve --speculative-config JSON`: the EngineCore child process (drafts cross it through post_step in the
+    child's busy loop), the openai client, the same greedy text as without speculation, vLLM's spec-decode
+    counters on /metrics agreeing with get_stats()."""
+    import argparse
+    import json
+    import re
+    import urllib.request
+
+    import openai
+
+    from minivllm.engine.arg_utils import EngineArgs
+    from minivllm.engine.async_llm import AsyncLLM
+    from minivllm.entrypoints.openai.api_server import ServerThread
+    from minivllm.entrypoints.openai.cli_args import make_arg_parser
+    args = make_arg_parser(argparse.ArgumentParser()).parse_args(
+        [str(smollm_folder), "--speculative-config", json.dumps(NGRAM), "--max-model-len", "256"])
+    server = ServerThread(AsyncLLM.from_engine_args(EngineArgs.from_cli_args(args)))
     try:
-        got = [o.outputs[0].token_ids for o in child.generate(PROMPTS[:2], params, use_tqdm=False)]
+        assert server.engine.engine_core.process.is_alive()
+        client = openai.OpenAI(base_url=server.url, api_key="EMPTY", max_retries=0, timeout=120)
+        name = client.models.list().data[0].id
+        got = [client.completions.create(model=name, prompt=p, max_tokens=24, temperature=0).choices[0].text
+               for p in PROMPTS[:2]]
+        stats = server.run_coroutine(server.engine.get_stats_async())
+        with urllib.request.urlopen(server.url.removesuffix("/v1") + "/metrics", timeout=30) as response:
+            text = response.read().decode()
     finally:
-        child.shutdown()
-    want, _ = _generate(smollm_folder, params, PROMPTS[:2])
-    assert got == [o.outputs[0].token_ids for o in want]
+        server.stop()
+    want, _ = _generate(smollm_folder, SamplingParams(temperature=0, max_tokens=24), PROMPTS[:2])
+    assert got == [o.outputs[0].text for o in want]
+    assert 0 < stats["spec_decode_num_accepted_tokens"] < stats["spec_decode_num_draft_tokens"]
+
+    def metric(name: str) -> float:
+        return sum(float(v) for v in re.findall(rf"^{name}\{{[^}}]*\}} (\S+)$", text, re.M))
+    for key in ("num_drafts", "num_draft_tokens", "num_accepted_tokens"):
+        assert metric(f"vllm:spec_decode_{key}_total") == stats[f"spec_decode_{key}"]
+    per_pos = stats["spec_decode_num_accepted_tokens_per_pos"]
+    assert len(per_pos) == 4 and sum(per_pos) == stats["spec_decode_num_accepted_tokens"]
+    assert metric("vllm:spec_decode_num_accepted_tokens_per_pos_total") == sum(per_pos)

@@ -217,3 +217,35 @@ def test_shared_prefix_shows_the_neighbours_hit_on_the_followed_requests_blocks(
         assert f"{req_id} admitted from WAITING: " in flat and "after 16 found in the prefix cache" in flat
     assert f"1 prefix-cache hit: blocks [{first_block}] (tokens 0..15), shared with [0, 2]: ref_cnt [3]" in flat
     assert "| 1      | new  |       16 |" in text
+
+
+def test_speculative_config_prints_drafts_verification_and_rollback(tmp_path):
+    """`--speculative-config`: the followed request's verifying steps print in full, each with its rows, drafts,
+    accepted count and rollback; the JSON agrees with the printout, and the tokens are those of plain decoding."""
+    prompt = "Copy this list exactly: apples, pears, plums, figs, dates, limes. Copy: apples, pears,"
+    config = '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 1}'
+    text, trace = run_to_text(trace_args(tmp_path, "s.json", "--prompt", prompt, "--max-tokens", "16",
+                                         "--neighbours", "1", "--in-process", "--speculative-config", config))
+    flat = " ".join(text.split())
+    specs = [(e["step"], r, s) for e in trace.of_kind("update") for r, s in e["spec_decode"].items()]
+    assert any(s["num_accepted"] == 4 for *_, s in specs) and any(s["num_rejected"] > 0 for *_, s in specs)
+    by_step, computed = trace.by_step(), trace.num_computed_tokens()
+    for step, req_id, spec in specs:
+        sched = by_step[step]["schedule"]
+        assert sched["scheduled_spec_decode_tokens"][req_id] == spec["draft_token_ids"]
+        assert sched["num_scheduled_tokens"][req_id] == len(spec["draft_token_ids"]) + 1
+        after = computed[req_id][step]
+        if step + 1 in by_step and req_id in by_step[step + 1]["schedule"]["scheduled_cached_reqs"]["req_ids"]:
+            cached = by_step[step + 1]["schedule"]["scheduled_cached_reqs"]
+            assert cached["num_computed_tokens"][cached["req_ids"].index(req_id)] == after  # the rollback held
+        if req_id == "0":
+            d = len(spec["draft_token_ids"])
+            assert (f"accepted {spec['num_accepted']} of {d}" in flat
+                    and f"rolled back {spec['num_rejected']}: num_computed_tokens {after + spec['num_rejected']} "
+                        f"-> {after}" in flat)
+            assert step in full_step_titles(text)
+    assert "rejection sampler: 0: rows 0..4 verify drafts" in flat
+    llm = LLM(multiprocess=False)
+    want = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=16), use_tqdm=False)[0].outputs[0]
+    got = [o for e in trace.of_kind("outputs") for o in e["outputs"] if o["request_id"] == "0" and o["finished"]]
+    assert got[0]["token_ids"] == want.token_ids

@@ -252,7 +252,7 @@ def test_html_is_self_contained(run):
 def test_a_prompt_cannot_end_the_embedded_trace():
     """A prompt holding "</script>" stays data: the page still has exactly its own two closing tags."""
     from minivllm.tracing.html import render_html
-    from minivllm.tracing.tracer import Trace
+    from minivllm.tracing.trace import Trace
 
     prompt = "</script><script>alert(1)</script>"
     trace = Trace({"num_gpu_blocks": 4, "block_size": 16, "pid": 1}, [

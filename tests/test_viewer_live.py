@@ -104,7 +104,7 @@ def test_live_page_follows_three_streaming_clients(serve_process, browser, tmp_p
     from selenium.webdriver.support.ui import WebDriverWait
 
     from minivllm.tracing.serve_trace import admitted_while_decoding, run_clients
-    from minivllm.tracing.tracer import Trace
+    from minivllm.tracing.trace import Trace
 
     base = serve_process
     reader = EventReader(base)

@@ -57,7 +57,7 @@ HELP = {
 }
 
 
-def _json_dict(text: str) -> dict:
+def json_dict(text: str) -> dict:
     try:
         value = json.loads(text)
     except json.JSONDecodeError as e:
@@ -83,7 +83,7 @@ class EngineArgs(EngineConfig):
             elif typing.get_origin(kind) is typing.Literal:
                 how = {"choices": typing.get_args(kind)}
             else:
-                how = {"type": _json_dict if kind is dict else kind}
+                how = {"type": json_dict if kind is dict else kind}
             parser.add_argument(flag, default=field.default, help=HELP[field.name] + " (default: %(default)s)", **how)
         return parser
 

@@ -65,7 +65,8 @@ class AsyncLLM(LLMEngine):
     def __init__(self, config: EngineConfig, served_model_name: str | None = None) -> None:
         super().__init__(config)  # the same resolved EngineConfig, tokenizer and Processor as LLMEngine
         self.served_model_name = served_model_name or config.model or DEFAULT_MODEL_NAME
-        self.stat_logger = PrometheusStatLogger(self.served_model_name)
+        spec = config.spec_config
+        self.stat_logger = PrometheusStatLogger(self.served_model_name, spec.num_speculative_tokens if spec else 0)
         self.collectors: dict[str, RequestOutputCollector] = {}
         self.output_handler: asyncio.Task | None = None
         self.dead_error: EngineDeadError | None = None
@@ -189,7 +190,7 @@ class AsyncLLM(LLMEngine):
 
     async def enable_tracing_async(self):
         """Record every step from here on (minivllm.tracing); returns the Trace being filled."""
-        from minivllm.tracing.tracer import Trace
+        from minivllm.tracing.trace import Trace
         await self.engine_core.call_utility_async("enable_tracing")
         self.tracer = Trace(self.info, source=self.engine_core.take_trace_events)
         return self.tracer

@@ -101,7 +101,16 @@ class EngineCore:
                 "num_running": len(self.scheduler.running), "num_waiting": len(self.scheduler.waiting),
                 "prefix_cache_queries": cache.queries, "prefix_cache_hits": cache.hits,
                 "prefix_cache_preempted_queries": cache.preempted_queries,
-                "prefix_cache_preempted_hits": cache.preempted_hits}
+                "prefix_cache_preempted_hits": cache.preempted_hits, **self._spec_decode_stats()}
+
+    def _spec_decode_stats(self) -> dict:
+        """vLLM's spec-decode counters (cumulative), present only when speculative decoding is on."""
+        spec = self.scheduler.spec_decoding_stats
+        if spec is None:
+            return {}
+        return {"spec_decode_num_drafts": spec.num_drafts, "spec_decode_num_draft_tokens": spec.num_draft_tokens,
+                "spec_decode_num_accepted_tokens": spec.num_accepted_tokens,
+                "spec_decode_num_accepted_tokens_per_pos": list(spec.num_accepted_tokens_per_pos)}
 
     def reset_prefix_cache(self) -> bool:
         """As vLLM's: forget every cached prefix; False (a no-op) while requests are running."""

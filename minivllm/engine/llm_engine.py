@@ -114,7 +114,7 @@ class LLMEngine:
 
     def enable_tracing(self):
         """Record every step from here on (see minivllm.tracing); returns the Trace being filled."""
-        from minivllm.tracing.tracer import Trace
+        from minivllm.tracing.trace import Trace
         self.engine_core.call_utility("enable_tracing")
         self.engine_core.take_trace_events()  # nothing from an earlier trace leaks into this one
         self.tracer = Trace(self.info, source=self.engine_core.take_trace_events)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 
+from minivllm.engine.arg_utils import json_dict
 from minivllm.tracing.render import MIN_WIDTH, WIDTH
 
 NEIGHBOURS = [
@@ -53,6 +54,10 @@ def add_trace_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--html", metavar="FILE", help="also write the trace as one self-contained viewer page to FILE")
     p.add_argument("--model", default=None, help="model folder, .gguf file or cached hub id (default: SmolLM2-135M)")
     p.add_argument("--in-process", action="store_true", help="run EngineCore in this process instead of a child")
+    p.add_argument("--speculative-config", type=json_dict, default=None, metavar="JSON",
+                   help='n-gram speculative decoding, e.g. \'{"method": "ngram", "num_speculative_tokens": 4, '
+                        '"prompt_lookup_max": 4}\': each step prints the drafts it verified, how many were accepted '
+                        'and the rollback (default: off)')
     p.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
                    help="cut the model across N worker processes and show, for one step, what each rank held and "
                         "exchanged (SmolLM2-135M: 1 or 3) (default: %(default)s)")
@@ -88,7 +93,8 @@ def run_trace(args: argparse.Namespace, console=None):
     llm = LLM(args.model, block_size=args.block_size, max_num_batched_tokens=args.max_num_batched_tokens,
               max_num_seqs=args.max_num_seqs, num_gpu_blocks_override=args.num_blocks,
               max_model_len=2048, multiprocess=not args.in_process,
-              tensor_parallel_size=getattr(args, "tensor_parallel_size", 1))
+              tensor_parallel_size=getattr(args, "tensor_parallel_size", 1),
+              speculative_config=getattr(args, "speculative_config", None))
     try:
         prefix = getattr(args, "shared_prefix", "")
         prompts = [(prefix + args.prompt, SamplingParams(temperature=0, max_tokens=args.max_tokens))]

@@ -27,7 +27,7 @@ def _asset(name: str) -> str:
 
 
 def render_html(trace, config=None, live: str | None = None) -> str:
-    """The viewer page for `trace` (a tracer.Trace; not imported here, since Trace.write_html calls
+    """The viewer page for `trace` (a trace.Trace; not imported here, since Trace.write_html calls
     this module); `config` is the engine's config (its CONFIG_FIELDS are embedded);
     `live`: the URL of a /trace/events stream the page follows (minivllm serve's /trace).
 

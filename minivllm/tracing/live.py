@@ -24,7 +24,7 @@ import json
 import anyio
 
 from minivllm.entrypoints.openai.cli_args import DEFAULT_TRACE_MAX_STEPS
-from minivllm.tracing.tracer import Trace
+from minivllm.tracing.trace import Trace
 
 UTILITY_TIMEOUT_S = 10
 

@@ -22,8 +22,9 @@ from rich.table import Table
 
 from minivllm.tracing.prefix import prefix_hit_notes
 from minivllm.tracing.ranks import rank_lines
+from minivllm.tracing.spec import draft_notes, step_token, verify_lines
 from minivllm.tracing.text import NBSP, atom, clip, fmt_list  # noqa: F401  (fmt_list: notebooks use it)
-from minivllm.tracing.tracer import Trace
+from minivllm.tracing.trace import Trace
 
 WIDTH = 80       # notebooks, tests and piped output: the width a reader has beside the article
 MIN_WIDTH = 40   # below this no layout stays readable
@@ -82,6 +83,8 @@ def render_scheduler_output(event: dict, console: Console) -> None:
     put(console, "", f"total_num_scheduled_tokens={event['total_num_scheduled_tokens']}  "
                      f"finished_req_ids={atom(fmt_list(event['finished_req_ids']))}  "
                      f"preempted_req_ids={atom(fmt_list(event['preempted_req_ids']))}")
+    if event.get("scheduled_spec_decode_tokens"):
+        put(console, "", f"scheduled_spec_decode_tokens={atom(str(event['scheduled_spec_decode_tokens']))}")
     put(console, "after schedule(): ", f"{queues(event['waiting'], event['running'])}  "
                                        f"free blocks {event['num_free_blocks']}")
 
@@ -109,8 +112,13 @@ def render_update(execute: dict | None, update: dict, console: Console, decode: 
     if execute is not None:
         rows = {r: i for i, r in enumerate(execute["batch"]["req_ids"])}
         picks = [atom(f"{r}: row {execute['batch']['query_start_loc'][rows[r] + 1] - 1} -> {t} {decode(t)!r}")
-                 for r, t in execute["sampled"].items()]
-        put(console, "sample: logits_indices -> sampled_token_ids: ", "; ".join(picks) or "nothing (partial prefill)")
+                 for r, t in execute["sampled"].items() if r not in update.get("spec_decode", {})]
+        verified = verify_lines(execute, update, decode)
+        if picks or not verified:
+            put(console, "sample: logits_indices -> sampled_token_ids: ", "; ".join(picks) or "nothing (partial "
+                                                                                              "prefill)")
+        for line in verified:
+            put(console, "rejection sampler: ", line)
     for out in update["outputs"]:
         if out["finish_reason"]:
             reason = out["finish_reason"] + (f" ({out['stop_reason']!r})" if out["stop_reason"] is not None else "")
@@ -152,12 +160,9 @@ def happenings(sched: dict, update: dict, focus: str, prompt_lens: dict[str, int
 def step_line(sched: dict, update: dict, decode: Callable) -> str:
     """One step in a line: request:token sampled (a prefill chunk shows its size), free blocks after it."""
     sampled = {o["request_id"]: o["new_token_ids"] for o in update["outputs"] if o["new_token_ids"]}
-    parts = []
-    for req_id, n in sched["num_scheduled_tokens"].items():
-        chunk = f"[{n} tokens]" if n > 1 else ""
-        token = f"{decode(sampled[req_id][0])!r}" if req_id in sampled else ""
-        parts.append(atom(f"{req_id}:{chunk}{'->' if chunk and token else ''}{token}"))
-    line = "  ".join(parts) + f"  free {update['num_free_blocks']}"
+    spec = update.get("spec_decode", {})
+    line = "  ".join(step_token(r, n, sampled.get(r), spec.get(r), decode)
+                     for r, n in sched["num_scheduled_tokens"].items()) + f"  free {update['num_free_blocks']}"
     if sched["finished_req_ids"]:
         line += f"  finished_req_ids={atom(fmt_list(sched['finished_req_ids']))}"
     return line
@@ -202,6 +207,7 @@ def render_trace(trace: Trace, console: Console, full_steps: int = 0, focus: str
             if "update" not in step:
                 continue
             notes = happenings(e, step["update"], focus, prompt_lens) + prefix_hit_notes(e, info["block_size"])
+            notes += draft_notes(step["update"], focus)
             if notes or e["step"] <= full_steps:
                 console.rule(f"EngineCore.step() #{e['step']}: schedule -> execute_model -> update_from_output")
                 for note in notes:

@@ -160,6 +160,10 @@ class GPUModelRunner:
         seq_lens = computed + num_scheduled  # [num_reqs]
         max_blocks = cdiv(int(seq_lens.max()), self.block_size)
         block_table = batch.block_table_cpu[rows, :max_blocks]  # [num_reqs, max_blocks]
+        sampling_ids = [req_ids[i] for i in sampling]
+        drafts = [so.scheduled_spec_decode_tokens.get(r, []) for r in sampling_ids]
+        spec = make_spec_decode_metadata(query_start_loc[1:][sampling], drafts) if any(drafts) else None
+        logits_indices = logits_indices if spec is None else spec.logits_indices
         dev = self.device
         return PackedBatch(
             req_ids=req_ids, num_reqs=len(req_ids), num_scheduled_tokens=num_scheduled, num_tokens=num_tokens,
@@ -169,7 +173,7 @@ class GPUModelRunner:
             slot_mapping=torch.from_numpy(slot_mapping).to(dev),
             block_table=torch.from_numpy(np.ascontiguousarray(block_table)).to(dev),
             logits_indices=torch.from_numpy(logits_indices).to(dev), sampling_req_indices=sampling.tolist(),
-            num_computed_tokens=computed)
+            num_computed_tokens=computed, spec_decode_metadata=spec)
 
     def _attn_metadata(self, b: PackedBatch) -> AttentionMetadata:
         qsl, seq_lens = b.query_start_loc.tolist(), b.seq_lens.tolist()
@@ -221,14 +225,10 @@ class GPUModelRunner:
             hidden_states = self.model(b.input_ids, b.positions)  # [num_tokens, hidden_size]
         prompt_logprobs = self._get_prompt_logprobs_dict(b, hidden_states) if self.num_prompt_logprobs else {}
         sampling_ids = [b.req_ids[i] for i in b.sampling_req_indices]
-        drafts = [so.scheduled_spec_decode_tokens.get(r, []) for r in sampling_ids]
-        spec = make_spec_decode_metadata(b.query_start_loc[1:].cpu().numpy()[b.sampling_req_indices], drafts) \
-            if any(drafts) else None
         # [num_logits, vocab_size]: one row per sampling request, or d + 1 for one verifying d drafts
-        rows = b.logits_indices if spec is None else torch.from_numpy(spec.logits_indices).to(self.device)
-        logits = self.model.compute_logits(hidden_states[rows])
+        logits = self.model.compute_logits(hidden_states[b.logits_indices])
         outputs, sampled_logprobs = sample_tokens(self.sampler, self.rejection_sampler, self.sampling_state,
-                                                  self.input_batch, logits, sampling_ids, spec) \
+                                                  self.input_batch, logits, sampling_ids, b.spec_decode_metadata) \
             if sampling_ids else ([], None)
         sampled_token_ids: list[list[int]] = [[] for _ in b.req_ids]
         logprobs: list | None = None if sampled_logprobs is None else [None] * b.num_reqs

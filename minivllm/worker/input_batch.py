@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from minivllm.spec_decode.metadata import SpecDecodeMetadata
+
 
 class InputBatch:
     def __init__(self, max_num_reqs: int, max_model_len: int, max_num_blocks_per_req: int) -> None:
@@ -64,6 +66,9 @@ class PackedBatch:
     positions: torch.Tensor  # [num_tokens] each token's position in its own request
     slot_mapping: torch.Tensor  # [num_tokens] block_table[pos // block_size] * block_size + pos % block_size
     block_table: torch.Tensor  # [num_reqs, max_num_blocks] logical -> physical block
-    logits_indices: torch.Tensor  # [num_logits] last row of each request that samples this step
+    # [num_logits] last row of each request that samples this step; with drafts (speculative decoding) a
+    # request's last d + 1 rows, as spec_decode_metadata.logits_indices (vLLM's _prepare_inputs does the same)
+    logits_indices: torch.Tensor
     sampling_req_indices: list[int]  # which requests those logits belong to
     num_computed_tokens: np.ndarray | None = None  # [num_reqs] tokens already in the KV cache before this step
+    spec_decode_metadata: SpecDecodeMetadata | None = None  # None: no request carries drafts this step

@@ -141,7 +141,7 @@ def build_app(engine: AsyncLLM, trust_request_chat_template: bool = False,
     async def trace_page() -> HTMLResponse:
         """The trace viewer, live: it follows /trace/events (tracing is on only while such a page is open)."""
         from minivllm.tracing.html import render_html
-        from minivllm.tracing.tracer import Trace
+        from minivllm.tracing.trace import Trace
         return HTMLResponse(render_html(Trace(engine.info), engine.config, live="/trace/events"))
 
     @app.get("/trace/events")
