@@ -235,3 +235,24 @@ def test_serve_with_speculative_config_flag_and_its_metrics(smollm_folder):
     per_pos = stats["spec_decode_num_accepted_tokens_per_pos"]
     assert len(per_pos) == 4 and sum(per_pos) == stats["spec_decode_num_accepted_tokens"]
     assert metric("vllm:spec_decode_num_accepted_tokens_per_pos_total") == sum(per_pos)
+
+
+def test_speculation_under_tensor_parallelism(tiny_llama_folder):
+    """TP=2 (worker processes): every rank verifies the same rows and clears its drafts; rank 0's go to the
+    scheduler. The tokens are TP=1's without speculation (vLLM's closeness rule for float32 summation order)."""
+    from conftest import check_logprobs_close
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=5)
+
+    def run(**kwargs):
+        llm = LLM(model=str(tiny_llama_folder), multiprocess=False, **kwargs)
+        try:
+            outs = llm.generate(PROMPTS, params, use_tqdm=False)
+            stats = llm.llm_engine.get_stats()
+        finally:
+            llm.shutdown()
+        return [(o.outputs[0].token_ids, [set(s) for s in o.outputs[0].logprobs]) for o in outs], stats
+
+    plain, _ = run()
+    spec, stats = run(tensor_parallel_size=2, speculative_config=NGRAM)
+    assert stats["spec_decode_num_draft_tokens"] > 0 and stats["num_free_blocks"] == stats["num_gpu_blocks"] - 1
+    assert check_logprobs_close(plain, spec, "TP=1", "TP=2 + ngram") >= len(PROMPTS) - 1
