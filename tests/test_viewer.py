@@ -1,10 +1,11 @@
 """The trace viewer (`python -m minivllm trace --html FILE`) in a real headless browser.
 
 Debian's chromium, driven by selenium through Debian's chromedriver (both at fixed paths: selenium-manager
-never runs, nothing is downloaded). Each of the four `make trace` runs (default, chunked prefill, a 6-block
-pool that preempts, a shared prefix) is traced once per module; the test opens the written file from disk,
-steps through every step with the "next" button, and at each step where something happens compares what
-the page draws (read back from its data- attributes) with the JSON trace of the same run.
+never runs, nothing is downloaded). Each of the five `make trace` runs (default, chunked prefill, a 6-block
+pool that preempts, a shared prefix, n-gram speculative decoding) is traced once per module; the test opens
+the written file from disk, steps through every step with the "next" button, and at each step where something
+happens compares what the page draws (read back from its data- attributes) with the JSON trace of the same
+run; at every step, the drafts each request carried, their verification and the rollback.
 """
 from __future__ import annotations
 
@@ -22,8 +23,13 @@ SHARED = "You are a helpful assistant who answers in short, plain sentences. "
 RUNS = {"default": [], "chunked": ["--max-num-batched-tokens", "3"],
         "preemption": ["--num-blocks", "6", "--block-size", "8"],
         # 8-token blocks: this prefix is 13 tokens, so with 16-token blocks no block is all prefix and nothing hits
-        "shared_prefix": ["--shared-prefix", SHARED, "--block-size", "8"]}
-EVENT_KINDS = ["admission", "prefix hit", "preemption", "resume", "lazy eviction", "finish"]
+        "shared_prefix": ["--shared-prefix", SHARED, "--block-size", "8"],
+        # a prompt that repeats itself, so n-gram drafts are accepted (4 of 4) and, past the copy, rejected
+        "spec": ["--speculative-config", json.dumps({"method": "ngram", "num_speculative_tokens": 4,
+                                                     "prompt_lookup_max": 4, "prompt_lookup_min": 1}),
+                 "--prompt", "Copy this list exactly: apples, pears, plums, figs, dates, limes. Copy: apples, pears,",
+                 "--max-tokens", "16", "--neighbours", "1"]}
+EVENT_KINDS = ["admission", "prefix hit", "preemption", "resume", "lazy eviction", "rejection", "finish"]
 
 # Everything one step draws, read in one round trip.
 READ_PAGE = """
@@ -39,8 +45,29 @@ const grid = document.querySelector(".grid");
 out.num_blocks = Number(grid.dataset.numBlocks);
 out.shown = Number(grid.dataset.shown);
 out.sampled = {};
-document.querySelectorAll('#p-sample tr[data-req] td[data-field="sampled"]').forEach((td) =>
-    out.sampled[td.parentNode.dataset.req] = td.textContent);
+out.kept = {};
+document.querySelectorAll('#p-sample tr[data-req] td[data-field="sampled"]').forEach((td) => {
+    out.sampled[td.parentNode.dataset.req] = td.textContent;
+    if (td.dataset.tokens) out.kept[td.parentNode.dataset.req] = JSON.parse(td.dataset.tokens);
+});
+out.spec = null;  // the speculative-decoding panel, if drawn: per request, what it shows
+const spec = document.getElementById("p-spec");
+if (spec) {
+  out.spec = {};
+  spec.querySelectorAll(".verify[data-req]").forEach((v) => {
+    const roll = v.querySelector('[data-field="rollback"]');
+    out.spec[v.dataset.req] = {
+        drafts: JSON.parse(v.dataset.drafts), kept: v.dataset.kept ? JSON.parse(v.dataset.kept) : null,
+        accepted: Number(v.dataset.accepted), rejected: Number(v.dataset.rejected), target: Number(v.dataset.target),
+        bonus: v.dataset.bonus, statuses: [...v.querySelectorAll(".tok[data-status]")].map((t) => t.dataset.status),
+        draft_cells: [...v.querySelectorAll(".tok[data-status]")].map((t) => Number(t.dataset.token)),
+        computed: roll ? [Number(roll.dataset.from), Number(roll.dataset.to)] : null,
+        rollback_text: roll ? roll.textContent : null};
+  });
+}
+out.draft_input_cells = [...document.querySelectorAll('.arr[data-name="input_ids"] .cell.draft')].map(
+    (c) => Number(c.dataset.i));
+out.mark_kinds = [...document.querySelectorAll(".markrow")].map((r) => r.dataset.kind);
 return out;
 """
 
@@ -116,7 +143,13 @@ def event_steps(trace: dict) -> dict[str, set[int]]:
                     kinds["prefix hit"].add(n)
         if any(o["finish_reason"] for o in ev["update"]["outputs"]):
             kinds["finish"].add(n)
+        if any(v["num_rejected"] for v in ev["update"].get("spec_decode", {}).values()):
+            kinds["rejection"].add(n)
     return kinds
+
+
+def speculative(trace: dict) -> bool:
+    return any(e.get("scheduled_spec_decode_tokens") for e in trace["events"] if e["kind"] == "schedule")
 
 
 def open_viewer(browser, html: Path, step: int | None = None) -> None:
@@ -146,7 +179,12 @@ def assert_step_matches_trace(page: dict, ev: dict, trace: dict) -> None:
     for name in ("input_ids", "positions", "slot_mapping", "num_scheduled_tokens", "query_start_loc", "seq_lens",
                  "logits_indices"):
         assert page["arrays"][name] == batch[name], name
-    assert {r: int(t) for r, t in page["sampled"].items() if t.isdigit()} == ev["execute"]["sampled"]
+    spec = update.get("spec_decode", {})
+    assert {r: int(t) for r, t in page["sampled"].items() if r not in spec and t.isdigit()} == {
+        r: t for r, t in ev["execute"]["sampled"].items() if r not in spec}
+    # a request that verified drafts: every token it kept, the first of them the one execute recorded
+    assert page["kept"] == {r: v["sampled_token_ids"] for r, v in spec.items()}
+    assert all(page["kept"][r][0] == ev["execute"]["sampled"][r] for r in spec)
     # The pool: every scheduled request owns its block table's blocks; a block's ref_cnt is its owner count.
     blocks = page["blocks"]
     assert page["num_blocks"] == trace["info"]["num_gpu_blocks"]
@@ -168,6 +206,46 @@ def assert_step_matches_trace(page: dict, ev: dict, trace: dict) -> None:
     assert unowned + page["num_blocks"] - page["shown"] == sched["num_free_blocks"]
 
 
+def assert_drafts_match_trace(page: dict, n: int, by_step: dict[int, dict], trace: dict) -> None:
+    """The speculative-decoding panel of step n against the JSON: none at all in a run without drafts."""
+    if not speculative(trace):
+        assert page["spec"] is None and "rejection" not in page["mark_kinds"]
+        assert page["draft_input_cells"] == []
+        return
+    ev = by_step[n]
+    sched, spec = ev["schedule"], ev["update"].get("spec_decode", {})
+    drafts = sched.get("scheduled_spec_decode_tokens", {})
+    assert set(page["spec"]) == set(drafts) == set(spec), n
+    cached = sched["scheduled_cached_reqs"]
+    start = dict(zip(cached["req_ids"], cached["num_computed_tokens"]))
+    batch = ev["execute"]["batch"]
+    draft_rows = []
+    for req_id, shown in page["spec"].items():
+        v, d = spec[req_id], len(drafts[req_id])
+        assert shown["drafts"] == shown["draft_cells"] == drafts[req_id] == v["draft_token_ids"]
+        assert shown["kept"] == v["sampled_token_ids"] and shown["target"] == v["sampled_token_ids"][-1]
+        assert (shown["accepted"], shown["rejected"]) == (v["num_accepted"], v["num_rejected"])
+        assert shown["statuses"] == ["accepted"] * v["num_accepted"] + ["rejected"] * v["num_rejected"]
+        assert shown["bonus"] == ("true" if v["num_rejected"] == 0 else "false")
+        # the rejection sampler's rule, on the recorded tokens: the accepted drafts are the kept prefix
+        a = v["num_accepted"]
+        assert v["sampled_token_ids"][:a] == drafts[req_id][:a] and len(v["sampled_token_ids"]) == a + 1
+        assert a == d or v["sampled_token_ids"][a] != drafts[req_id][a]
+        # num_computed_tokens once scheduled (every draft counts), then less the rejected ones
+        computed = start[req_id] + sched["num_scheduled_tokens"][req_id]
+        assert shown["computed"] == [computed, computed - v["num_rejected"]], (n, req_id)
+        assert f"(rolled back {v['num_rejected']})" in shown["rollback_text"]
+        later = by_step.get(n + 1, {}).get("schedule", {}).get("scheduled_cached_reqs", {"req_ids": []})
+        if req_id in later["req_ids"]:  # the next schedule() starts from the rolled-back count
+            i = later["req_ids"].index(req_id)
+            assert later["resumed_from_preemption"][i] or later["num_computed_tokens"][i] == shown["computed"][1]
+        row = batch["req_ids"].index(req_id)
+        end = batch["query_start_loc"][row + 1]
+        draft_rows += range(end - d, end)
+        assert batch["input_ids"][end - d:end] == drafts[req_id]
+    assert page["draft_input_cells"] == sorted(draft_rows)
+
+
 @pytest.mark.timeout(900)
 def test_viewer_steps_through_the_trace(run, browser, tmp_path):
     name, trace, html = run
@@ -181,6 +259,7 @@ def test_viewer_steps_through_the_trace(run, browser, tmp_path):
         assert page["step"] == n and page["label"] == f"step {n} / {last}"
         if n in eventful:
             assert_step_matches_trace(page, by_step[n], trace)
+        assert_drafts_match_trace(page, n, by_step, trace)
         next_button.click()
     assert browser.execute_script("return document.body.dataset.step") == str(last)  # "next" stops at the end
     assert_no_console_error(browser)
@@ -232,6 +311,11 @@ def test_viewer_marks_events_and_opens_step_from_hash(run, browser, tmp_path):
     if name == "chunked":
         open_viewer(browser, html, step=1)
         assert browser.find_elements("css selector", "#p-budget .seg.clamped")
+    if name == "spec":  # drafts all accepted in one step, rejected (rolled back) in another
+        verified = [v for e in trace["events"] if e["kind"] == "update" for v in e["spec_decode"].values()]
+        assert any(v["num_rejected"] == 0 and len(v["draft_token_ids"]) == 4 for v in verified)
+        assert any(v["num_accepted"] == 0 and len(v["draft_token_ids"]) == 4 for v in verified)
+        assert expected["rejection"]
 
 
 def test_html_is_self_contained(run):

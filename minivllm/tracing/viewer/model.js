@@ -4,8 +4,10 @@
 // not record stays null so that the panel says so.
 "use strict";
 
-// The kinds of event marked on the step slider, in the order of a request's life.
-const EVENT_KINDS = ["admission", "prefix hit", "preemption", "resume", "lazy eviction", "finish"];
+// The kinds of event marked on the step slider, in the order of a request's life. A rejection (drafts the
+// target model did not confirm) happens only with speculative decoding: its row is drawn only for such a run.
+const EVENT_KINDS = ["admission", "prefix hit", "preemption", "resume", "lazy eviction", "rejection", "finish"];
+const SPEC_KINDS = ["rejection"];
 
 function buildModel(data) {
   const trace = data.trace, info = trace.info, config = data.config || {};
@@ -15,6 +17,7 @@ function buildModel(data) {
   const freeCached = new Map(); // block id -> request whose full (hashed) block it was; free, still cached
   const numTokens = {};       // request id -> prompt tokens + tokens sampled so far (request.num_tokens)
   const computed = {};        // request id -> num_computed_tokens once the last schedule() is applied
+  const cachedLen = {};       // request id -> tokens whose full blocks its last allocate_slots cached
   const texts = {};           // request id -> text so far, as the caller detokenized it
   const finishedAt = {};      // request id -> {step, reason}
   const steps = [];
@@ -23,15 +26,19 @@ function buildModel(data) {
 
   const register = (id) => reqs[id] || (reqs[id] = {id, colour: Object.keys(reqs).length});
   // With prefix caching on, a full block of a request carries a hash (allocate_slots caches the full blocks
-  // of min(num_computed_tokens + num_new_tokens, num_tokens)); freed, it stays cached until reused.
+  // of min(num_computed_tokens + num_new_tokens, num_tokens), never fewer than it had); freed, it stays cached
+  // until reused. The count is taken at schedule(): drafts raise num_computed_tokens past num_tokens, and the
+  // tokens update_from_output appends are cached only by the next allocate_slots.
   const caching = config.enable_prefix_caching !== false;
-  const fullBlocks = (id) => Math.floor(Math.min(computed[id] || 0, numTokens[id] || 0) / bs);
+  const fullBlocks = (id) => Math.floor((cachedLen[id] || 0) / bs);
   const release = (id) => {  // a preempted, finished or aborted request gives back its blocks
     const blocks = owned.get(id) || [];
     if (caching) blocks.slice(0, fullBlocks(id)).forEach((b) => freeCached.set(b, id));
     owned.delete(id);
+    delete cachedLen[id];
     return blocks;
   };
+  let speculative = false;    // did any step carry drafts (speculative decoding)?
 
   for (const e of trace.events) {
     if (e.kind === "submit") {
@@ -47,8 +54,21 @@ function buildModel(data) {
       steps.push(cur);
     } else if (e.kind === "execute" && cur) {
       cur.execute = e;
+      cur.logitsRows = logitsRows(e.batch);
     } else if (e.kind === "update" && cur) {
       cur.update = e;
+      cur.verify = verification(cur, e.spec_decode || {});
+      if (cur.verify.length) speculative = true;
+      for (const v of cur.verify) {
+        if (v.rejected === null) continue;
+        computed[v.req] = v.to;  // update_from_output rolls num_computed_tokens back over the rejected drafts
+        if (v.rejected > 0) {
+          cur.events.push({kind: "rejection", req: v.req,
+                           text: `${v.req} verified ${v.drafts.length} draft${v.drafts.length === 1 ? "" : "s"}: ` +
+                                 `${v.accepted} accepted, ${v.rejected} rejected; num_computed_tokens ${v.from} -> ` +
+                                 `${v.to} (rolled back ${v.rejected})`});
+        }
+      }
       for (const o of e.outputs) {
         numTokens[o.request_id] += o.new_token_ids.length;
         if (o.finish_reason) {
@@ -76,7 +96,9 @@ function buildModel(data) {
     const step = {n: e.step, schedule: e, execute: null, update: null, outputs: null, events: [],
                   before: {waiting: queues.waiting, running: queues.running},
                   after: {waiting: e.waiting.slice(), running: e.running.slice(), numFree: e.num_free_blocks},
-                  texts: Object.assign({}, texts)};
+                  texts: Object.assign({}, texts), textsBefore: Object.assign({}, texts),
+                  drafts: e.scheduled_spec_decode_tokens || {}, verify: [], logitsRows: {}};
+    if (Object.keys(step.drafts).length) speculative = true;
     const nst = e.num_scheduled_tokens, cached = e.scheduled_cached_reqs;
     Object.keys(nst).forEach(register);  // live: a request already running when the page opened
     // Token budget. RUNNING requests are served first (cached, not resumed); new and resumed requests come
@@ -96,6 +118,11 @@ function buildModel(data) {
       computed[r.req_id] = r.num_computed_tokens + nst[r.req_id];
     }
     step.budget = budget;
+    step.start = Object.fromEntries([...cached.req_ids.map((id, i) => [id, cached.num_computed_tokens[i]]),
+                                     ...e.scheduled_new_reqs.map((r) => [r.req_id, r.num_computed_tokens])]);
+    for (const id of Object.keys(nst)) {
+      cachedLen[id] = Math.max(cachedLen[id] || 0, Math.min(computed[id], numTokens[id] || 0));
+    }
 
     // The pool. Preempted requests free their blocks; every scheduled request's block table is recorded.
     for (const id of e.preempted_req_ids) {
@@ -140,6 +167,24 @@ function buildModel(data) {
     return step;
   }
 
+  // Speculative decoding, per request that carried drafts: what the rejection sampler kept and the rollback.
+  // Its d + 1 rows (its last sampled token, then the drafts) count as computed once scheduled: num_computed_tokens
+  // `from` = start + num_scheduled_tokens; update_from_output subtracts the rejected drafts: `to` = from - rejected.
+  // Draft k sits at position from - d + k; the target's token there came from the row before it; the token kept
+  // last (a bonus if every draft matched, else the target's in place of the first mismatch) sits at `to`.
+  // rejected === null: the trace records the drafts but not their verification (an older trace).
+  function verification(step, spec) {
+    const nst = step.schedule.num_scheduled_tokens;
+    const ids = [...new Set([...Object.keys(step.drafts), ...Object.keys(spec)])];
+    return ids.map((id) => {
+      const v = spec[id], drafts = step.drafts[id] || v.draft_token_ids;
+      const from = (step.start[id] ?? 0) + (nst[id] ?? 0);
+      return {req: id, drafts, from, kept: v ? v.sampled_token_ids : null, accepted: v ? v.num_accepted : null,
+              rejected: v ? v.num_rejected : null, to: v ? from - v.num_rejected : null,
+              rows: step.logitsRows[id] || []};
+    });
+  }
+
   // Who owns each block right after schedule(); ref_cnt counts the owners (block tables of live requests).
   function poolState() {
     const owners = {}, full = {};
@@ -155,6 +200,14 @@ function buildModel(data) {
   }
 
   const lastUsed = Math.max(0, ...steps.flatMap((s) => Object.keys(s.pool.owners).map(Number)));
-  return {info, config, bs, reqs, steps, finishedAt, lastUsed, callerPid: trace.caller_pid,
+  return {info, config, bs, reqs, steps, finishedAt, lastUsed, speculative, callerPid: trace.caller_pid,
           multiprocess: info.pid !== trace.caller_pid};
+}
+
+// The batch rows whose logits each request samples from: its last row, or its last d + 1 when it carries d
+// drafts; none for a partial prefill chunk. Request i owns rows query_start_loc[i] .. query_start_loc[i + 1] - 1.
+function logitsRows(batch) {
+  const qsl = batch.query_start_loc;
+  return Object.fromEntries(batch.req_ids.map((id, i) =>
+    [id, batch.logits_indices.filter((r) => r >= qsl[i] && r < qsl[i + 1])]));
 }

@@ -1,6 +1,7 @@
-// panels.js: draw one engine step into the seven panels. Each panel is titled with the article part it
-// illustrates; every value comes from the step built by model.js. Cells carry data- attributes (data-req,
-// data-ids, data-values, data-owners, data-ref-cnt) so a test reads back exactly what is drawn.
+// panels.js: draw one engine step into the seven panels (an eighth, for speculative decoding, in panels2.js).
+// Each panel is titled with the article part it illustrates; every value comes from the step built by model.js.
+// Cells carry data- attributes (data-req, data-ids, data-values, data-owners, data-ref-cnt, data-drafts) so a
+// test reads back exactly what is drawn.
 "use strict";
 
 // One colour per request, the same in every panel: a high-contrast palette that stays apart on a projector.

@@ -1,5 +1,6 @@
 // panels2.js: the panels after the scheduler: the packed batch (article part 3), the physical KV pool
-// (part 5, with part 7's prefix cache) and sampling with reclamation (part 6).
+// (part 5, with part 7's prefix cache), sampling with reclamation (part 6) and, for a run with speculative
+// decoding, the drafts each request carried, verified against the target model's tokens (part 6 too).
 "use strict";
 
 // Panel 5: every array on the token dimension as coloured cells, one colour per request.
@@ -9,19 +10,24 @@ function batchPanel(model, s) {
   // token index -> row (request) in the batch, from query_start_loc: [0, 4, 9, 17] -> 0,0,0,0,1,...
   const rowOf = [];
   b.req_ids.forEach((_, r) => { for (let t = b.query_start_loc[r]; t < b.query_start_loc[r + 1]; t++) rowOf[t] = r; });
-  const tokenRow = (name, values, rowFor) => el("div", {class: "arr", "data-name": name,
-                                                        "data-values": JSON.stringify(values)},
+  // A request carrying d drafts runs them as its last d tokens: those input_ids cells are drawn dashed.
+  const numDrafts = (r) => (s.drafts[b.req_ids[r]] || []).length;
+  const isDraft = (i) => rowOf[i] !== undefined && i >= b.query_start_loc[rowOf[i] + 1] - numDrafts(rowOf[i]);
+  const tokenRow = (name, values, rowFor, drafts) => el("div", {class: "arr", "data-name": name,
+                                                                "data-values": JSON.stringify(values)},
     el("span", {class: "aname"}, name),
     values.map((v, i) => {
-      const r = rowFor(i);
-      return el("span", {class: r === null ? "cell none" : "cell", "data-i": i, "data-req": r === null ? null : b.req_ids[r], tabindex: 0,
+      const r = rowFor(i), draft = drafts && isDraft(i);
+      return el("span", {class: (r === null ? "cell none" : "cell") + (draft ? " draft" : ""), "data-i": i,
+                         "data-req": r === null ? null : b.req_ids[r], tabindex: 0,
+                         title: draft ? "a draft token" : null,
                          style: {background: r === null ? "#ddd" : colourOf(model, b.req_ids[r])}}, v);
     }));
   const perReq = (r) => r < b.req_ids.length ? r : null;
   const box = el("div", {class: "formula", id: "slot-formula"},
                  "Point at a slot_mapping cell: slot = block_table[pos // block_size] * block_size + pos % block_size");
   const node = panel("p-batch", "Part 3", "flattening: the packed batch (slot_mapping: part 5)",
-    tokenRow("input_ids", b.input_ids, (i) => rowOf[i]),
+    tokenRow("input_ids", b.input_ids, (i) => rowOf[i], true),
     tokenRow("positions", b.positions, (i) => rowOf[i]),
     tokenRow("slot_mapping", b.slot_mapping, (i) => rowOf[i]),
     tokenRow("num_scheduled_tokens", b.num_scheduled_tokens, perReq),
@@ -96,14 +102,17 @@ function samplingPanel(model, s) {
   const rows = [];
   const b = s.execute && s.execute.batch;
   const reqIds = b ? b.req_ids : Object.keys(s.schedule.num_scheduled_tokens);
-  reqIds.forEach((id, r) => {
+  reqIds.forEach((id) => {
     const sampled = s.execute ? s.execute.sampled[id] : undefined;
     const out = s.update ? s.update.outputs.find((o) => o.request_id === id) : null;
     const finish = out && out.finish_reason;
+    const at = s.logitsRows[id] || [], v = s.verify.find((x) => x.req === id && x.kept);
     rows.push(el("tr", {"data-req": id},
       el("td", {}, chip(model, id)),
-      el("td", {}, b ? `row ${b.logits_indices[r]}` : ""),
-      el("td", {"data-field": "sampled"}, sampled === undefined ? "— (prefill chunk: nothing sampled)" : sampled),
+      el("td", {}, at.length > 1 ? `rows ${at[0]}..${at[at.length - 1]}` : at.length ? `row ${at[0]}` : ""),
+      v ? el("td", {"data-field": "sampled", "data-tokens": JSON.stringify(v.kept)},
+             `${v.kept.join(", ")} (drafts verified: see speculative decoding)`)
+        : el("td", {"data-field": "sampled"}, sampled === undefined ? "— (prefill chunk: nothing sampled)" : sampled),
       el("td", {class: "text"}, s.texts[id] === undefined ? "" : JSON.stringify(s.texts[id])),
       el("td", {}, finish ? `${finish}${out.stop_reason !== null ? ` (${JSON.stringify(out.stop_reason)})` : ""}; ` +
                             `blocks [${(s.update.freed[id] || []).join(", ")}] returned` : "")));
@@ -114,4 +123,65 @@ function samplingPanel(model, s) {
     s.afterUpdate ? el("p", {}, `after update_from_output(): free blocks ${s.afterUpdate.numFree}; `,
                        queue(model, "waiting-updated", s.afterUpdate.waiting),
                        queue(model, "running-updated", s.afterUpdate.running)) : null);
+}
+
+// Panel 8, drawn only for a run with speculative decoding: per request that carried drafts this step, the drafts
+// against the target model's tokens at the same positions, what was kept, and the rollback of num_computed_tokens.
+function specPanel(model, s) {
+  if (!model.speculative) return null;
+  const cell = (cls, attrs, text, tip) => el("td", Object.assign({class: `tok ${cls}`, title: tip}, attrs), text);
+  const requests = s.verify.map((v) => {
+    const d = v.drafts.length, a = v.accepted, verified = v.rejected !== null;
+    const first = v.from - d;  // the position of the first draft
+    const target = verified ? v.kept[v.kept.length - 1] : null;
+    const drafts = v.drafts.map((t, k) => {
+      const status = !verified ? "unverified" : k < a ? "accepted" : "rejected";
+      return cell(status, {"data-token": t, "data-status": status},
+                  `${t}${status === "accepted" ? " ✓" : status === "rejected" ? " ✗" : ""}`,
+                  status === "accepted" ? "accepted: the target model chose the same token"
+                    : status === "rejected" ? (k === a ? "rejected: the target model chose another token"
+                                                       : "rejected: after the first mismatch the rest are discarded")
+                    : "verification not recorded");
+    });
+    const targets = v.drafts.map((t, k) => !verified ? cell("none", {}, "?")
+      : k < a ? cell("same", {"data-token": t}, t, "the target's token: the draft's")
+      : k === a ? cell("target", {"data-token": target}, `${target} ←`,
+                       "the target's token, kept in place of the draft")
+      : cell("none", {}, "·", "not compared"));
+    const bonus = verified && a === d;
+    const rows = v.rows.length ? `batch rows ${v.rows[0]}..${v.rows[v.rows.length - 1]} ` : "";
+    const before = s.textsBefore[v.req], after = s.outputs ? s.texts[v.req] : undefined;
+    const added = before !== undefined && after !== undefined && after.startsWith(before)
+      ? after.slice(before.length) : null;  // what the caller's detokenizer appended for the kept tokens
+    return el("div", {class: "verify", "data-req": v.req, "data-drafts": JSON.stringify(v.drafts),
+                      "data-kept": verified ? JSON.stringify(v.kept) : null, "data-accepted": a,
+                      "data-rejected": v.rejected, "data-target": target,
+                      "data-bonus": verified ? String(bonus) : null},
+      el("p", {}, chip(model, v.req), d === 1 ? ` 1 draft at position ${first}, verified by ${rows}(its last sampled ` +
+                                                `token, then the draft)`
+                                              : ` ${d} drafts at positions ${first}..${v.from - 1}, verified by ` +
+                                                `${rows}(its last sampled token, then the drafts)`),
+      el("table", {class: "vtable"},
+         el("tr", {}, el("th", {}, "position"), v.drafts.map((_, k) => el("th", {}, first + k)), el("th", {}, v.from)),
+         el("tr", {}, el("th", {}, "draft"), drafts, el("td", {class: "tok none"}, "")),
+         el("tr", {}, el("th", {}, "target"), targets,
+            bonus ? cell("target bonus", {"data-token": target}, `${target} bonus`,
+                         "every draft matched: the last row's token")
+                  : cell("none", {}, ""))),
+      el("p", {},
+         verified ? `accepted ${a} of ${d}, rejected ${v.rejected}; kept [${v.kept.join(", ")}]: ` +
+                    (bonus ? `the drafts, then the bonus token ${target}` : `${a ? "the accepted drafts, then " : ""}` +
+                     `the target's ${target} in place of draft ${v.drafts[a]}`) +
+                    (added === null ? "" : `; the text grows by ${JSON.stringify(added)}`)
+                  : "the verification of these drafts is not recorded", el("br"),
+         verified ? el("span", {"data-field": "rollback", "data-from": v.from, "data-to": v.to},
+                       `num_computed_tokens ${v.from} -> ${v.to} (rolled back ${v.rejected})`) : null));
+  });
+  return panel("p-spec", "Part 6", "speculative decoding: drafts, verification, rollback",
+    requests.length ? requests : el("p", {class: "empty"}, "no request carried drafts this step"),
+    el("p", {class: "note"}, "A request with d drafts runs d + 1 rows. Row j's logits give the target model's " +
+       "token for the position after row j, so the drafts are checked in order: the first mismatch is replaced by " +
+       "the target's token and every later draft is discarded; if all match, the last row adds a bonus token. " +
+       "The drafts counted as computed when scheduled; update_from_output subtracts the rejected ones from " +
+       "num_computed_tokens (their KV slots are written over later). Token ids: the trace records no text per token."));
 }

@@ -25,10 +25,13 @@ function startViewer() {
       `max_num_batched_tokens=${model.config.max_num_batched_tokens ?? "not recorded"}, ` +
       `max_num_seqs=${model.config.max_num_seqs ?? "not recorded"}, ${model.info.attention_backend} attention; ` +
       `${last} steps, ${Object.keys(model.reqs).length} requests` +
+      (model.speculative ? `, speculative decoding (drafts in ${model.steps.filter((s) => s.verify.length).length} ` +
+                           `steps)` : "") +
       (d.live ? ` (live: the last ${last} steps of the running server)` : "");
     const marks = document.getElementById("marks");
     marks.replaceChildren();
-    for (const kind of EVENT_KINDS) {  // one row per kind, each mark a button that jumps to its step
+    // One row per kind, each mark a button that jumps to its step; a run without drafts has no rejection row.
+    for (const kind of EVENT_KINDS.filter((k) => model.speculative || !SPEC_KINDS.includes(k))) {
       const at = model.steps.map((s, i) => [s, i + 1]).filter(([s]) => s.events.some((e) => e.kind === kind));
       const row = el("div", {class: "markrow", "data-kind": kind}, el("span", {class: "kind"}, `${kind} (${at.length})`));
       const track = el("div", {class: "track"});
@@ -45,7 +48,7 @@ function startViewer() {
     }
   }
 
-  // Draw the step at slider position i: the header's event list, then the seven panels.
+  // Draw the step at slider position i: the header's event list, then the seven panels (eight with drafts).
   function show(i) {
     if (!last) {
       label.textContent = "waiting for the first step: send a request to the server";
@@ -61,7 +64,7 @@ function startViewer() {
                                            : [el("li", {}, "a plain step: every scheduled request advances")]));
     main.replaceChildren(stagesPanel(model, s), queuesPanel(model, s), budgetPanel(model, s),
                          schedulerOutputPanel(model, s), batchPanel(model, s), poolPanel(model, s),
-                         samplingPanel(model, s));
+                         samplingPanel(model, s), ...[specPanel(model, s)].filter(Boolean));
     document.querySelectorAll(".mark.current").forEach((m) => m.classList.remove("current"));
     document.querySelectorAll(`.mark[data-step="${s.n}"]`).forEach((m) => m.classList.add("current"));
   }
