@@ -90,3 +90,15 @@ def test_prefill_attention_benchmark_compares_kernel_and_sdpa(capsys, monkeypatc
     assert len(lines) == 4  # two sizes x two dtypes
     for line in lines:  # the kernel and SDPA agree on the same inputs
         assert float(line.rsplit("max|diff| ", 1)[1]) < (2e-2 if line.startswith("bfloat16") else 1e-4), line
+
+
+def test_spec_decode_benchmark_runs_both_workloads(tiny_llama_folder, capsys, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["spec_decode.py"])
+    bench = runpy.run_path("benchmarks/spec_decode.py")
+    assert bench["main"](["--quick", "--model", str(tiny_llama_folder)]) == 0
+    out = capsys.readouterr().out
+    for name in ("grounded", "random"):
+        assert f"round 1 {name:<8}: off" in out
+        assert f"{name}: on/off tok/s per round" in out
+    for text in ("acceptance rate", "mean acceptance length", "accepted per position", "outputs identical: yes"):
+        assert text in out
