@@ -47,6 +47,9 @@ _STOP, _FREE, _FREE_BLOCKS = ("stop check: every rule and boundary", "free: requ
                               "free: shared blocks, free order, later hits")
 _DIGEST, _INDICES, _CONTEXT, _KV, _MASKS = ("digest = the specified sha256", "indices = formula",
                                             "context of the named layer", "write and read = formula", "masks = formula")
+_GREEDY9, _RANDOM9 = "greedy: kept prefix, then the target token", "random: the target distribution"
+_MATCH10, _RUNNING11, _ADMIT11 = ("drafts: the longest n-gram, first match", "running: drafts, budget, max_model_len",
+                                  "admission: the hit, threshold, whole or nothing")
 CAUGHT_BY = {
     "generate-one-step": ("nothing left running", "after generate_loop"),
     "generate-finish-order": ("outputs in prompt order", "RequestOutput.prompt"),
@@ -92,13 +95,41 @@ CAUGHT_BY = {
     "top-p-drops-crossing": (_MASKS, "top_k=None"),
     "top-k-zero-keeps-one": (_MASKS, "row 2"),
     "top-p-before-top-k": (_MASKS, "top_k=[3, 10, 0, 20]"),
+    "reject-no-break": (_GREEDY9, "the docstring's example (vocab 10): request 0"),
+    "reject-always-bonus": (_GREEDY9, "the docstring's example (vocab 10): request 0"),
+    "reject-row-off-by-one": (_GREEDY9, "the docstring's example (vocab 10): request 1"),
+    "reject-previous-row": (_GREEDY9, "the docstring's example (vocab 10): request 0"),
+    "reject-resample-from-p": (_RANDOM9, "vocab 5, temperature 1, 3000 requests with drafts [1, 4]: counts of output "
+                               "token 0"),
+    "reject-global-rng": ("random: every request on its own generator", "in a batch of 40 then in the reverse order"),
+    "reject-argmax-for-random": (_RANDOM9, "vocab 5, temperature 1, 3000 requests with drafts [1, 4]: counts of "
+                                 "output token 0"),
+    "ngram-last-occurrence": (_MATCH10, "two earlier occurrences"),
+    "ngram-shortest-first": (_MATCH10, "a longer n-gram beats a shorter one"),
+    "ngram-slice-off-by-one": (_MATCH10, "the docstring's example"),
+    "ngram-ignores-max-model-len": ("drafts: at most k, never past max_model_len", "max_model_len two tokens away"),
+    "ngram-self-match": (_MATCH10, "the docstring's example"),
+    "new-tokens-no-budget-clamp": (_RUNNING11, "a decode with 3 drafts, budget 2:"),
+    "new-tokens-threshold-unchunked": (_ADMIT11, "no chunked prefill, a threshold of 8:"),
+    "new-tokens-ignore-drafts": (_RUNNING11, "a decode with 3 drafts:"),
+    "new-tokens-admit-overflow": (_ADMIT11, "no chunked prefill: the prompt does not fit:"),
+    "new-tokens-model-len-off-by-one": (_RUNNING11, "3 drafts, two positions from max_model_len:"),
 }
 # the hint a fault's failure must carry: it names the mistake, not only the symptom
 HINTED = {"pack-block-size-4": "not a constant 4", "hash-tokens-first": "parent's hash comes first",
           "hash-int32": "int64", "hash-empty-seed": "NONE_HASH", "hash-xor-chain": "XOR",
           "hash-unchained": "chain the blocks", "generate-finish-order": "in the order they finished",
           "stop-eos-before-length": "length check comes first", "top-k-zero-keeps-one": "k <= 0",
-          "preempt-no-free": "never dropped", "free-forward-order": "tail first"}
+          "preempt-no-free": "never dropped", "free-forward-order": "tail first",
+          "reject-no-break": "no draft after it", "reject-always-bonus": "only when every draft was kept",
+          "reject-row-off-by-one": "none for a bonus token", "reject-resample-from-p": "residual",
+          "reject-argmax-for-random": "greedy rows only", "reject-global-rng": "md.generators[r]",
+          "ngram-last-occurrence": "earliest occurrence", "ngram-shortest-first": "longest n first",
+          "ngram-slice-off-by-one": "start + n", "ngram-self-match": "ends before the last token",
+          "ngram-ignores-max-model-len": "max_model_len - len", "new-tokens-ignore-drafts": "num_tokens_with_spec",
+          "new-tokens-threshold-unchunked": "only when chunked prefill is on",
+          "new-tokens-admit-overflow": "whole or not at all", "new-tokens-model-len-off-by-one": "max_model_len - 1",
+          "new-tokens-no-budget-clamp": "token_budget"}
 
 
 @pytest.mark.parametrize("fault", sorted(FAULTS))
@@ -127,6 +158,17 @@ def test_a_different_chaining_gives_wrong_hits_in_the_engine(fault, scenario):
     assert "num_cached_tokens" in failure and ("expected: 8" in failure or "expected: 0" in failure), failure
 
 
+@pytest.mark.parametrize("fault, check, where", [
+    ("new-tokens-model-len-off-by-one", "up to max_model_len: schedule = reference", "tokens scheduled"),
+    ("ngram-ignores-max-model-len", "n-gram speculation: drafts and tokens = reference", "drafts proposed")])
+def test_speculation_faults_show_in_the_engine_too(fault, check, where):
+    """Past the unit checks: a draft at the last position, or drafts past max_model_len, change the engine's own
+    schedule (requests running to max_model_len 64 with n-gram drafts), and the check names the step."""
+    _, _, lines = _grade(FAULTS[fault][0], fault=fault)
+    failure = next((line for line in lines if line.startswith(f"FAIL  check {check!r}")), lines)
+    assert "where: step " in failure and where in failure, failure
+
+
 def test_lab_seams_are_the_engine_functions():
     """The functions labs 2-4 replace are the ones the engine calls: ours, unpatched, equal the exercises'."""
     import numpy as np
@@ -136,6 +178,12 @@ def test_lab_seams_are_the_engine_functions():
     from minivllm.worker import gpu_model_runner
     assert LABS[2].fixed == {"_num_new_tokens": Scheduler._num_new_tokens, "_select_victim": Scheduler._select_victim}
     assert callable(layer.get_attention_context)
+    from minivllm.sample.rejection_sampler import RejectionSampler
+    from minivllm.spec_decode.ngram_proposer import NgramProposer
+    assert LABS[9].targets == {"rejection_sample": [(RejectionSampler, "__call__")]}  # the runner calls its instance
+    assert LABS[10].targets == {"propose": [(NgramProposer, "propose")]}
+    assert LABS[11].targets == {"_num_new_tokens": [(Scheduler, "_num_new_tokens")]} and \
+        LABS[11].engine_functions()["_num_new_tokens"] is LABS[2].fixed["_num_new_tokens"]  # one function, two labs
     args = (np.array([1, 3]), np.array([9, 0]), np.array([[4, 2, 7], [1, 0, 0]]), np.array([10, 5]), 4)
     for e, g in zip(gpu_model_runner.pack_indices(*args), pack_indices(*args)):
         assert np.asarray(e).tolist() == np.asarray(g).tolist()

@@ -19,8 +19,10 @@ from minivllm.core import kv_cache_utils
 from minivllm.core.sched import scheduler as scheduler_module
 from minivllm.core.sched.scheduler import Scheduler
 from minivllm.forward_context import set_forward_context
+from minivllm.labs import faults_spec
 from minivllm.labs.exercises import (lab02_preemption, lab03_input_packing, lab04_forward_context,
-                                    lab05_paged_kv, lab06_stop_and_free, lab07_block_hash, lab08_top_k_top_p)
+                                    lab05_paged_kv, lab06_stop_and_free, lab07_block_hash, lab08_top_k_top_p,
+                                    lab09_rejection_sampler, lab10_ngram_proposer, lab11_token_budget)
 from minivllm.labs.registry import LABS
 from minivllm.request import Request, RequestStatus
 from minivllm.sampling_params import SamplingParams
@@ -31,7 +33,8 @@ BLOCK_SIZES = [4, 8, 16]
 
 def test_every_lab_function_is_covered_here():
     covered = {"generate_loop", "_preempt_request", "pack_indices", "get_attention_context", "do_kv_cache_update",
-               "gather_blocks", "check_stop", "_free_request", "hash_block_tokens", "apply_top_k_top_p"}
+               "gather_blocks", "check_stop", "_free_request", "hash_block_tokens", "apply_top_k_top_p",
+               "rejection_sample", "propose", "_num_new_tokens"}
     assert {name for lab in LABS.values() for name in lab.functions} == covered
 
 
@@ -170,3 +173,71 @@ def test_lab1_generate_loop_equals_llm_generate():
     lines = []
     passed, total = check_lab(1, out=lines.append)
     assert passed == total, "\n".join(lines)
+
+
+@pytest.mark.parametrize("vocab", [5, 50, 1000])
+def test_lab9_rejection_sample_equals_the_rejection_samplers(vocab):
+    """Mixed greedy and random rows (top-k on some): the same tokens from the same seeds, so the exercise draws its
+    random numbers as the engine does; faults_spec.rejection with every switch off too."""
+    from minivllm.sample.rejection_sampler import RejectionSampler
+    from minivllm.sample.sampler import SamplingMetadata
+    g = torch.Generator().manual_seed(vocab)
+    for _ in range(20):
+        n = int(torch.randint(1, 6, (1,), generator=g))
+        drafts = [torch.randint(0, vocab, (int(torch.randint(0, 5, (1,), generator=g)),), generator=g).tolist()
+                  for _ in range(n)]
+        rows = sum(len(d) for d in drafts)
+        logits = torch.randn(rows, vocab, generator=g) * 3
+        for i, d in enumerate(drafts):  # some drafts are the argmax: greedy rows keep them
+            start = sum(len(x) for x in drafts[:i])
+            for j in range(len(d) // 2):
+                d[j] = int(logits[start + j].argmax())
+        temps = [float(t) for i, d in enumerate(drafts) for t in [(0.0, 0.8, 1.3)[i % 3]] * len(d)]
+        top_k = torch.tensor([3 if t > 1 else 0 for t in temps], dtype=torch.int64)
+        bonus = list(range(n))
+        seed = int(torch.randint(0, 1 << 30, (1,), generator=g))
+
+        def md():
+            gens = [torch.Generator().manual_seed(seed + i) for i in range(n)]
+            return SamplingMetadata(temperature=torch.tensor(temps), all_greedy=all(t == 0 for t in temps),
+                                    top_k=top_k, top_p=None, min_p=None, max_num_logprobs=None,
+                                    generators=[gens[i] for i, d in enumerate(drafts) for _ in d])
+        ours = RejectionSampler()(drafts, logits, bonus, md())
+        assert lab09_rejection_sampler.rejection_sample(None, drafts, logits, bonus, md()) == ours
+        assert faults_spec.rejection(None, drafts, logits, bonus, md()) == ours
+
+
+def test_lab10_propose_equals_the_ngram_proposers():
+    from minivllm.spec_decode.ngram_proposer import NgramProposer
+    rng = random.Random(10)
+    for _ in range(400):
+        tokens = np.array([rng.randrange(rng.choice((2, 3, 7))) for _ in range(rng.randrange(1, 70))])
+        min_n = rng.randrange(1, 4)
+        proposer = NgramProposer(rng.randrange(1, 9), min_n, rng.randrange(min_n, 7),
+                                 len(tokens) + rng.randrange(-2, 9))
+        ours = proposer.propose(tokens)
+        assert lab10_ngram_proposer.propose(proposer, tokens) == ours == faults_spec.ngram(proposer, tokens)
+
+
+@pytest.mark.parametrize("chunked", [True, False])
+def test_lab11_num_new_tokens_equals_the_schedulers(chunked):
+    rng = random.Random(int(chunked))
+    for _ in range(300):
+        max_model_len = rng.choice((24, 64, 8192))
+        sched = Scheduler(SchedulerConfig(max_num_batched_tokens=8192, max_model_len=max_model_len,
+                                          enable_chunked_prefill=chunked,
+                                          long_prefill_token_threshold=rng.choice((0, 0, 3, 8))),
+                          CacheConfig(block_size=rng.choice(BLOCK_SIZES), num_gpu_blocks=8))
+        prompt = rng.randrange(1, min(max_model_len, 60))
+        req = Request("r", list(range(prompt)), SamplingParams(max_tokens=None), 2)
+        for t in range(rng.randrange(0, min(6, max_model_len - prompt))):
+            req.append_output_token_ids(t)
+        budget = rng.randrange(1, 40)
+        if rng.random() < 0.5:  # running: some computed, drafts
+            req.num_computed_tokens = rng.randrange(0, req.num_tokens)
+            req.spec_token_ids = list(range(rng.randrange(0, 5)))
+            args = (req, budget)
+        else:  # being admitted after a hit
+            args = (req, budget, rng.randrange(0, req.num_tokens))
+        ours = Scheduler._num_new_tokens(sched, *args)
+        assert lab11_token_budget._num_new_tokens(sched, *args) == ours == faults_spec.new_tokens(sched, *args), args

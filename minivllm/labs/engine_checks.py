@@ -17,17 +17,29 @@ from minivllm.sampling_params import SamplingParams
 
 PROMPTS = ["Once upon a time", "The capital of France is", "Hi there, how are you today?", "1, 2, 3, 4, 5,"]
 MAX_STEPS = 400  # every scenario of every lab finishes in under 100 steps with the reference
-_LLMS: dict = {}  # attention backend (None: the default) -> the shared engine
+_LLMS: dict = {}  # (attention backend (None: the default), speculative) -> the shared engine
 BACKEND = None  # the backend of the lab being graded (lab 5 grades on the PyTorch backend)
+SPECULATIVE = False  # whether it grades on the engine with n-gram speculation (labs 9-11)
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 1}
+SPEC_MAX_MODEL_LEN = 64  # short, so a scenario runs requests up to it
+
+
+def use(lab) -> None:
+    """Make get_llm() give the engine the lab's checks run on."""
+    global BACKEND, SPECULATIVE
+    BACKEND, SPECULATIVE = lab.backend, lab.speculative
 
 
 def get_llm():
-    """One small engine per backend for the whole process: block_size 8, 12 blocks (small enough to preempt)."""
-    if BACKEND not in _LLMS:
+    """One small engine per kind for the whole process: block_size 8, 12 blocks (small enough to preempt); the
+    speculative one with NGRAM drafts and max_model_len SPEC_MAX_MODEL_LEN."""
+    key = (BACKEND, SPECULATIVE)
+    if key not in _LLMS:
         from minivllm import LLM
-        _LLMS[BACKEND] = LLM(multiprocess=False, block_size=8, num_gpu_blocks_override=12,
-                             attention_backend=BACKEND)
-    return _LLMS[BACKEND]
+        extra = dict(speculative_config=NGRAM, max_model_len=SPEC_MAX_MODEL_LEN) if SPECULATIVE else {}
+        _LLMS[key] = LLM(multiprocess=False, block_size=8, num_gpu_blocks_override=12, attention_backend=BACKEND,
+                         **extra)
+    return _LLMS[key]
 
 
 def scheduler_of(llm):

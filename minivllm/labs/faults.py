@@ -3,12 +3,14 @@
 `python -m minivllm.labs check N --inject FAULT` grades the reference with one fault switched on (it must
 fail: that is how we know the grader bites); `with minivllm.labs.inject(FAULT): LLM(...).generate(...)`
 lets a student watch the consequence in a run or a trace. The broken functions live in faults_sched.py
-(labs 1, 2, 6) and faults_kernels.py (labs 3, 4, 5, 7, 8); every lab has at least four.
+(labs 1, 2, 6), faults_kernels.py (labs 3, 4, 5, 7, 8) and faults_spec.py (labs 9, 10, 11); every lab has at
+least four.
 """
 from __future__ import annotations
 
 from minivllm.labs import faults_kernels as fk
 from minivllm.labs import faults_sched as fs
+from minivllm.labs import faults_spec as fp
 
 # name -> (lab id, function it replaces, broken function, what it breaks)
 FAULTS = {
@@ -94,4 +96,38 @@ FAULTS = {
                              "k = 0 read as 'keep one' instead of 'no limit'"),
     "top-p-before-top-k": (8, "apply_top_k_top_p", fk.top_p_before_top_k,
                            "top-p applied before top-k: another nucleus when both are set"),
+    "reject-no-break": (9, "rejection_sample", fp.reject_no_break,
+                        "no break at the first rejected draft: later drafts judged and kept, the bonus appended"),
+    "reject-always-bonus": (9, "rejection_sample", fp.reject_always_bonus,
+                            "the bonus token appended after a rejected draft's replacement too: one token too many"),
+    "reject-row-off-by-one": (9, "rejection_sample", fp.reject_row_off_by_one,
+                              "a bonus row counted per request: every later request's drafts judged by wrong rows"),
+    "reject-previous-row": (9, "rejection_sample", fp.reject_previous_row,
+                            "draft j judged by the row before its own (the logits shift applied twice)"),
+    "reject-resample-from-p": (9, "rejection_sample", fp.reject_resample_from_p,
+                               "a rejected draft replaced by a draw from p, not the residual: the draft too likely"),
+    "reject-global-rng": (9, "rejection_sample", fp.reject_global_rng,
+                          "random numbers from torch's global generator: a seeded request is not reproducible"),
+    "reject-argmax-for-random": (9, "rejection_sample", fp.reject_argmax_for_random,
+                                 "random rows judged by the argmax: sampling collapses to greedy"),
+    "ngram-last-occurrence": (10, "propose", fp.ngram_last_occurrence,
+                              "the latest earlier occurrence of the suffix instead of the first"),
+    "ngram-shortest-first": (10, "propose", fp.ngram_shortest_first,
+                             "n tried from min_n up: a short match wins over a longer one"),
+    "ngram-slice-off-by-one": (10, "propose", fp.ngram_slice_off_by_one,
+                               "drafts start at the matched n-gram's last token instead of after it"),
+    "ngram-ignores-max-model-len": (10, "propose", fp.ngram_ignores_max_model_len,
+                                    "k drafts even where the request would grow past max_model_len"),
+    "ngram-self-match": (10, "propose", fp.ngram_self_match,
+                         "the suffix matched against itself at the end: no drafts where a shorter n would match"),
+    "new-tokens-no-budget-clamp": (11, "_num_new_tokens", fp.new_tokens_no_budget_clamp,
+                                   "no clamp to the token budget left: a step schedules past its budget"),
+    "new-tokens-threshold-unchunked": (11, "_num_new_tokens", fp.new_tokens_threshold_unchunked,
+                                       "long_prefill_token_threshold applied with chunked prefill off too"),
+    "new-tokens-ignore-drafts": (11, "_num_new_tokens", fp.new_tokens_ignore_drafts,
+                                 "num_tokens instead of num_tokens_with_spec: drafts never scheduled, no speed-up"),
+    "new-tokens-admit-overflow": (11, "_num_new_tokens", fp.new_tokens_admit_overflow,
+                                  "without chunked prefill a prompt that does not fit is admitted whole anyway"),
+    "new-tokens-model-len-off-by-one": (11, "_num_new_tokens", fp.new_tokens_model_len_off_by_one,
+                                        "clamp at max_model_len - computed: a draft scheduled at the last position"),
 }

@@ -35,6 +35,19 @@ LAB_TEXT = {
         "prompt again must hit, in any process."),
     8: ("Mask the logits outside top-k, then outside the top-p nucleus.",
         "k <= 0 means no limit; the token whose probability mass reaches top_p stays; both set at once."),
+    9: ("Decide how many of a request's draft tokens the target model keeps: the longest prefix it agrees with, "
+        "then one token of its own, so speculation changes how fast tokens come, never which.",
+        "A rejected draft ends the request's tokens (no bonus after it); a request without drafts in the same "
+        "batch; a random row's replacement comes from p without the draft, and its random numbers from the "
+        "request's own generator."),
+    10: ("Propose drafts by prompt lookup: find the longest suffix n-gram that occurred earlier in the request, "
+         "and copy what followed its first occurrence.",
+         "The suffix itself is not an earlier occurrence; a longer n wins over an earlier shorter one; the "
+         "continuation may be shorter than k, and the request must not grow past max_model_len."),
+    11: ("Decide how many tokens a request gets in one step: a decode, its drafts, a prefill chunk or a whole "
+         "prompt, within the step's budget and the model's length.",
+         "Drafts count for a running request only; without chunked prefill a prompt comes in whole or waits; the "
+         "last position a request can reach is never scheduled."),
 }
 
 # check name -> what passing it proves
@@ -72,6 +85,36 @@ PROVES = {
     "same prompt again: a hit": "in the engine, the same prompt again hits its cached blocks",
     "masks = formula": "the kept tokens of every row for top-k alone, top-p alone and both",
     "seeded sampled tokens = reference": "seeded sampling in the engine gives the reference tokens",
+    "greedy: kept prefix, then the target token": "batches of 1 to 4 requests, 1 to 7 drafts, vocabularies of "
+    "10 to 1000 tokens: drafts kept up to the first that differs from its row's argmax, then that argmax, nothing "
+    "after it",
+    "greedy: the bonus after every kept draft": "every draft kept gives the bonus token too; a request without "
+    "drafts, between requests with drafts, gets its bonus token alone",
+    "random: the target distribution": "3000 seeded requests with two drafts on vocabularies of 5 and 7 (one "
+    "with temperature 0.7 and top-k 5): the first token, the second after a kept draft and the number of tokens "
+    "follow the target's p (chi-square, p-value 1e-6)",
+    "random: every request on its own generator": "40 seeded requests give the same tokens in a batch and in the "
+    "reverse order (each draws from its own generator); greedy rows beside them stay greedy",
+    "n-gram speculation: greedy tokens = reference": "in the engine with n-gram drafts (4 per step), the reference "
+    "tokens and the same numbers of drafts accepted at each position",
+    "drafts: the longest n-gram, first match": "six cases, n-gram ranges 1-1 to 3-5 and k 1 to 8: the longest "
+    "suffix that occurred earlier, its first occurrence, the tokens right after it",
+    "drafts: at most k, never past max_model_len": "k, max_model_len at 2, 1 and 0 tokens away, a continuation "
+    "shorter than k, no match, sequences too short to match",
+    "generated sequences = reference": "300 random sequences on small vocabularies (many matches), random n-gram "
+    "ranges, k and max_model_len",
+    "n-gram speculation: drafts and tokens = reference": "in the engine, two requests running to max_model_len "
+    "(64): the drafts proposed after each step and the tokens equal the reference's",
+    "running: drafts, budget, max_model_len": "decodes with and without drafts, prefill chunks at budgets 4, 8 and "
+    "16, a threshold, max_model_len one and two positions away",
+    "admission: the hit, threshold, whole or nothing": "prompts after a prefix-cache hit, longer than the budget, "
+    "under a threshold, without chunked prefill (fits, does not fit, a threshold set), readmitted after preemption",
+    "chunked under a threshold: schedule = reference": "in the engine (budget 12, threshold 5, drafts), the tokens "
+    "scheduled for each request at each step and the tokens equal the reference's",
+    "no chunked prefill: schedule = reference": "the same without chunked prefill (budget 12, a threshold of 4 "
+    "it must ignore): the third prompt waits, then comes in whole",
+    "up to max_model_len: schedule = reference": "the same with requests running to max_model_len (64) with drafts, "
+    "and a preemption",
 }
 
 

@@ -43,7 +43,7 @@ def run_job(job: dict) -> dict:
     counted = {name: _counted(name, fn, calls) for name, fn in functions.items()}
     obs, error = {}, None
     try:
-        ec.BACKEND = lab.backend
+        ec.use(lab)
         llm = ec.get_llm() if needs_engine(observe) else None  # a unit check runs without the model
         with plugged(lab, counted):
             observe(counted, llm, obs)

@@ -5,8 +5,9 @@ names to the submission's functions (already patched into the engine), `llm` is 
 engine, and it records what happened, as plain data, in the dict `obs`. `judge(obs, ref)` runs in the grader's
 own process: it compares `obs` with `ref`, the same observation made with the engine's own functions, and
 raises LabCheckFailed (or returns: the check passed). Every check must call the submission's function.
-Unit checks (no engine: unit_checks, unit_sched, unit_hash) come before the engine's, so `check` stops at a
-failing unit check before the model loads.
+Unit checks (no engine: unit_checks, unit_sched, unit_hash, unit_spec, unit_ngram, unit_budget) come before the
+engine's, so `check` stops at a failing unit check before the model loads. Labs 9-11 grade on the engine with
+n-gram speculation (`speculative`: engine_checks.NGRAM) and their engine checks live in scenario_spec.
 """
 from __future__ import annotations
 
@@ -19,10 +20,16 @@ from minivllm.core.sched import scheduler as scheduler_module
 from minivllm.core.sched.scheduler import Scheduler
 from minivllm.entrypoints.llm import LLM
 from minivllm.labs import scenario_checks as sc
+from minivllm.labs import scenario_spec as ss
+from minivllm.labs import unit_budget as ub
 from minivllm.labs import unit_checks as uc
 from minivllm.labs import unit_hash as uh
+from minivllm.labs import unit_ngram as un
 from minivllm.labs import unit_sched as us
+from minivllm.labs import unit_spec as usp
 from minivllm.sample import sampler as sampler_module
+from minivllm.sample.rejection_sampler import RejectionSampler
+from minivllm.spec_decode.ngram_proposer import NgramProposer
 from minivllm.worker import gpu_model_runner
 
 
@@ -41,6 +48,7 @@ class Lab:
     forbidden: tuple = ()  # more engine function names a submission may not use (they do the lab's work)
     tripwires: tuple = ()  # more (object, attribute) a submission may not call: tripwires while it is imported
     engine: dict = dataclasses.field(default_factory=dict)  # name -> the engine's version where no target has it
+    speculative: bool = False  # graded on the engine with n-gram speculation (engine_checks.NGRAM)
 
     def engine_functions(self) -> dict:
         """{name: the engine's own function} for every function the student writes: the reference."""
@@ -128,6 +136,40 @@ LABS = {
            [("masks = formula", uc.lab8_observe, uc.lab8_judge),
             ("seeded sampled tokens = reference", *sc.tokens_check("sampled", "top-k then top-p on the sorted row"))],
            "40"),
+    9: Lab(9, "speculative decoding: the rejection sampler, RejectionSampler.__call__", "lab09_rejection_sampler",
+           ["rejection_sample"], {"rejection_sample": [(RejectionSampler, "__call__")]},
+           [("greedy: kept prefix, then the target token", usp.lab9_greedy_observe, usp.lab9_greedy_judge),
+            ("greedy: the bonus after every kept draft", usp.lab9_bonus_observe, usp.lab9_bonus_judge),
+            ("random: the target distribution", usp.lab9_random_observe, usp.lab9_random_judge),
+            ("random: every request on its own generator", usp.lab9_generator_observe, usp.lab9_generator_judge),
+            ("n-gram speculation: greedy tokens = reference",
+             *ss.spec_check("speculative", "n-gram speculation: greedy tokens = reference", "a greedy request keeps "
+                            "its drafts while they equal the argmax, then gets one token more", "accepted"))],
+           "40", speculative=True),
+    10: Lab(10, "speculative decoding: the n-gram proposer, NgramProposer.propose", "lab10_ngram_proposer",
+            ["propose"], {"propose": [(NgramProposer, "propose")]},
+            [("drafts: the longest n-gram, first match", un.lab10_matches_observe, un.lab10_matches_judge),
+             ("drafts: at most k, never past max_model_len", un.lab10_limits_observe, un.lab10_limits_judge),
+             ("generated sequences = reference", un.lab10_generated_observe, un.lab10_generated_judge),
+             ("n-gram speculation: drafts and tokens = reference",
+              *ss.spec_check("to-max-model-len", "n-gram speculation: drafts and tokens = reference", "the drafts of a "
+                             "step are what followed the suffix's first earlier occurrence, longest n first",
+                             "drafts"))],
+            "30", speculative=True),
+    11: Lab(11, "the token budget of a step: Scheduler._num_new_tokens", "lab11_token_budget", ["_num_new_tokens"],
+            {"_num_new_tokens": [(Scheduler, "_num_new_tokens")]},
+            [("running: drafts, budget, max_model_len", ub.lab11_running_observe, ub.lab11_running_judge),
+             ("admission: the hit, threshold, whole or nothing", ub.lab11_admit_observe, ub.lab11_admit_judge),
+             ("chunked under a threshold: schedule = reference",
+              *ss.spec_check("threshold", "chunked under a threshold: schedule = reference", "with chunked prefill "
+                             "on, a prompt comes in chunks of at most long_prefill_token_threshold", "schedule")),
+             ("no chunked prefill: schedule = reference",
+              *ss.spec_check("unchunked", "no chunked prefill: schedule = reference", "without chunked prefill a "
+                             "prompt is admitted whole, when it fits the budget left", "schedule")),
+             ("up to max_model_len: schedule = reference",
+              *ss.spec_check("to-max-model-len", "up to max_model_len: schedule = reference", "drafts are "
+                             "scheduled like other tokens, never at position max_model_len - 1", "schedule"))],
+            "30", speculative=True),
 }
 
 LABS = dict(sorted(LABS.items()))  # lab number order for list and grade

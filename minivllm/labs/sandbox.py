@@ -102,7 +102,7 @@ def serve() -> None:
             job = json.loads(line)
             check = job.get("check")
             if check is not None and needs_engine(LABS[job["lab"]].checks[check][1]):
-                ec.BACKEND = LABS[job["lab"]].backend  # build the lab's engine here, once, so every fork starts
+                ec.use(LABS[job["lab"]])  # build the lab's engine here, once, so every fork starts
                 ec.get_llm()  # from it (not for a unit check: a failing unit check never waits for the model)
             answer = _run_forked(job, (cmd_fd, res_fd))
             data = json.dumps(answer).encode() + b"\n"
