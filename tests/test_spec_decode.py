@@ -256,3 +256,24 @@ def test_speculation_under_tensor_parallelism(tiny_llama_folder):
     spec, stats = run(tensor_parallel_size=2, speculative_config=NGRAM)
     assert stats["spec_decode_num_draft_tokens"] > 0 and stats["num_free_blocks"] == stats["num_gpu_blocks"] - 1
     assert check_logprobs_close(plain, spec, "TP=1", "TP=2 + ngram") >= len(PROMPTS) - 1
+
+
+COPY = "Copy this list exactly: apples, pears, plums, figs, dates, limes. Copy: apples, pears,"
+
+
+@pytest.mark.parametrize("stop", [{"stop": ["figs"]}, {"stop": ["figs"], "include_stop_str_in_output": True},
+                                  {"stop_token_ids": [38702]}],  # 38702: " figs", the third of the 4 drafts
+                         ids=["stop-string", "stop-string-included", "stop-token-id"])
+def test_a_stop_inside_an_accepted_run_ends_the_request_there(smollm_folder, stop):
+    """Step 2 accepts the 4 drafts 'ums, figs,' and the bonus ' dates' at once; a stop at ' figs', inside that
+    run, ends the request exactly where plain decoding ends it, and the two tokens after it are dropped."""
+    params = SamplingParams(temperature=0, max_tokens=16, **stop)
+    (plain,), _ = _generate(smollm_folder, params, [COPY])
+    (spec,), sched = _generate(smollm_folder, params, [COPY], speculative_config=NGRAM)
+    assert sched.spec_decoding_stats.num_accepted_tokens >= 4  # the stop fell inside an accepted run
+    a, b = plain.outputs[0], spec.outputs[0]
+    assert (b.text, b.token_ids, b.finish_reason, b.stop_reason) == (a.text, a.token_ids, a.finish_reason,
+                                                                      a.stop_reason)
+    assert b.finish_reason == "stop" and b.token_ids[-1] == 38702 and len(b.token_ids) == 4
+    assert not sched.requests and sched.kv_cache_manager.block_pool.get_num_free_blocks() == \
+        sched.kv_cache_manager.block_pool.num_gpu_blocks - 1

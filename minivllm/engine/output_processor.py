@@ -107,20 +107,27 @@ class OutputProcessor:
             if state is None:
                 continue  # aborted here already (stop string, interrupt): late tokens are dropped
             finish_reason, stop_reason = out.finish_reason, out.stop_reason
-            for i, token_id in enumerate(out.new_token_ids):
+            # As vLLM: a stop token (EOS or a stop_token_ids hit) stays in token_ids but not in the text.
+            to_decode = out.new_token_ids
+            if out.finish_reason == "stop" and not state.params.include_stop_str_in_output:
+                to_decode = to_decode[:-1]
+            # Token by token: with speculative decoding a step brings several, and a stop string completed by one
+            # of them ends the request at that token; the tokens after it are dropped. Stop strings are not looked
+            # for until min_tokens outputs exist (vLLM's detokenizer).
+            stop, kept = None, len(out.new_token_ids)
+            for i, token_id in enumerate(to_decode):
+                delta = state.detokenizer.update([token_id])
+                if len(state.token_ids) + i + 1 > state.params.min_tokens and \
+                        (stop := self._check_stop_strings(state, delta)) is not None:
+                    kept = i + 1
+                    break
+            for i, token_id in enumerate(out.new_token_ids[:kept]):
                 if state.logprobs is not None and out.new_logprobs and i < len(out.new_logprobs):
                     state.logprobs.append(self._logprobs(state, token_id, out.new_logprobs[i]))
                     state.cumulative_logprob += out.new_logprobs[i][0]
                 state.token_ids.append(token_id)
             if out.new_prompt_logprobs is not None:
                 state.prompt_logprobs = self._prompt_logprobs(state, out.new_prompt_logprobs)
-            # As vLLM: a stop token (EOS or a stop_token_ids hit) stays in token_ids but not in the text.
-            to_decode = out.new_token_ids
-            if out.finish_reason == "stop" and not state.params.include_stop_str_in_output:
-                to_decode = to_decode[:-1]
-            delta = state.detokenizer.update(to_decode)
-            # Stop strings are not looked for until min_tokens outputs exist (vLLM's detokenizer).
-            stop = self._check_stop_strings(state, delta) if len(state.token_ids) > state.params.min_tokens else None
             if stop is not None:
                 finish_reason, stop_reason = "stop", stop
                 if out.finish_reason is None:
