@@ -50,6 +50,8 @@ _DIGEST, _INDICES, _CONTEXT, _KV, _MASKS = ("digest = the specified sha256", "in
 _GREEDY9, _RANDOM9 = "greedy: kept prefix, then the target token", "random: the target distribution"
 _MATCH10, _RUNNING11, _ADMIT11 = ("drafts: the longest n-gram, first match", "running: drafts, budget, max_model_len",
                                   "admission: the hit, threshold, whole or nothing")
+_LOOKUP12, _STOP13, _FORWARD14 = ("lookup: the longest cached prefix, capped", "stop strings: the window, the order, "
+                                 "the cut", "forward: partial sums, all-reduced")
 CAUGHT_BY = {
     "generate-one-step": ("nothing left running", "after generate_loop"),
     "generate-finish-order": ("outputs in prompt order", "RequestOutput.prompt"),
@@ -114,6 +116,23 @@ CAUGHT_BY = {
     "new-tokens-ignore-drafts": (_RUNNING11, "a decode with 3 drafts:"),
     "new-tokens-admit-overflow": (_ADMIT11, "no chunked prefill: the prompt does not fit:"),
     "new-tokens-model-len-off-by-one": (_RUNNING11, "3 drafts, two positions from max_model_len:"),
+    "prefix-skips-holes": (_LOOKUP12, "block 1 evicted"),
+    "prefix-no-cap": (_LOOKUP12, "a multiple of block_size"),
+    "prefix-caps-tokens": (_LOOKUP12, "a multiple of block_size"),
+    "prefix-reads-for-logprobs": (_LOOKUP12, "asks for prompt logprobs"),
+    "prefix-touches": ("lookup: nothing taken, the pool unchanged", "ref_cnt of every block"),
+    "prefix-counts-blocks": (_LOOKUP12, "num_computed_tokens"),
+    "stop-new-chars-only": (_STOP13, "the docstring's example:"),
+    "stop-whole-text": (_STOP13, "an older match"),
+    "stop-never-kept": (_STOP13, "the docstring's example, kept"),
+    "stop-earliest-in-text": (_STOP13, "two stop strings"),
+    "stop-not-cut": (_STOP13, "output_text after the call"),
+    "stop-last-occurrence": (_STOP13, "twice in the new characters"),
+    "row-bias-every-rank": ("local_bias: the bias once", "rank 1"),
+    "row-shard-wrong-dim": ("weight_loader: each rank its columns", "a square weight, tp 2"),
+    "row-shard-reversed": ("weight_loader: each rank its columns", "rank 0"),
+    "row-no-all-reduce": (_FORWARD14, "forward output"),
+    "row-reduce-before-matmul": (_FORWARD14, "forward output"),
 }
 # the hint a fault's failure must carry: it names the mistake, not only the symptom
 HINTED = {"pack-block-size-4": "not a constant 4", "hash-tokens-first": "parent's hash comes first",
@@ -129,7 +148,14 @@ HINTED = {"pack-block-size-4": "not a constant 4", "hash-tokens-first": "parent'
           "ngram-ignores-max-model-len": "max_model_len - len", "new-tokens-ignore-drafts": "num_tokens_with_spec",
           "new-tokens-threshold-unchunked": "only when chunked prefill is on",
           "new-tokens-admit-overflow": "whole or not at all", "new-tokens-model-len-off-by-one": "max_model_len - 1",
-          "new-tokens-no-budget-clamp": "token_budget"}
+          "new-tokens-no-budget-clamp": "token_budget", "prefix-skips-holes": "first block that misses",
+          "prefix-no-cap": "num_tokens - 1", "prefix-reads-for-logprobs": "skip_reading_prefix_cache",
+          "prefix-touches": "look up only", "prefix-counts-blocks": "whole blocks",
+          "stop-new-chars-only": "start in the old text", "stop-whole-text": "does not count",
+          "stop-never-kept": "cut after it", "stop-earliest-in-text": "list order", "stop-not-cut": "cut output_text",
+          "stop-last-occurrence": "first position", "row-bias-every-rank": "only rank 0",
+          "row-shard-wrong-dim": "input dimension (dim 1)", "row-shard-reversed": "tp_rank * n",
+          "row-no-all-reduce": "tensor_model_parallel_all_reduce", "row-reduce-before-matmul": "(not of the input)"}
 
 
 @pytest.mark.parametrize("fault", sorted(FAULTS))
@@ -182,6 +208,12 @@ def test_lab_seams_are_the_engine_functions():
     from minivllm.spec_decode.ngram_proposer import NgramProposer
     assert LABS[9].targets == {"rejection_sample": [(RejectionSampler, "__call__")]}  # the runner calls its instance
     assert LABS[10].targets == {"propose": [(NgramProposer, "propose")]}
+    from minivllm.core.kv_cache_manager import KVCacheManager
+    from minivllm.engine.output_processor import OutputProcessor
+    from minivllm.models.linear import RowParallelLinear
+    assert LABS[12].targets == {"get_computed_blocks": [(KVCacheManager, "get_computed_blocks")]}
+    assert LABS[13].targets == {"_check_stop_strings": [(OutputProcessor, "_check_stop_strings")]}
+    assert LABS[14].targets == {n: [(RowParallelLinear, n)] for n in ("weight_loader", "local_bias", "forward")}
     assert LABS[11].targets == {"_num_new_tokens": [(Scheduler, "_num_new_tokens")]} and \
         LABS[11].engine_functions()["_num_new_tokens"] is LABS[2].fixed["_num_new_tokens"]  # one function, two labs
     args = (np.array([1, 3]), np.array([9, 0]), np.array([[4, 2, 7], [1, 0, 0]]), np.array([10, 5]), 4)

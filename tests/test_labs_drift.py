@@ -34,7 +34,8 @@ BLOCK_SIZES = [4, 8, 16]
 def test_every_lab_function_is_covered_here():
     covered = {"generate_loop", "_preempt_request", "pack_indices", "get_attention_context", "do_kv_cache_update",
                "gather_blocks", "check_stop", "_free_request", "hash_block_tokens", "apply_top_k_top_p",
-               "rejection_sample", "propose", "_num_new_tokens"}
+               "rejection_sample", "propose", "_num_new_tokens", "get_computed_blocks", "_check_stop_strings",
+               "weight_loader", "local_bias", "forward"}
     assert {name for lab in LABS.values() for name in lab.functions} == covered
 
 
@@ -241,3 +242,60 @@ def test_lab11_num_new_tokens_equals_the_schedulers(chunked):
             args = (req, budget, rng.randrange(0, req.num_tokens))
         ours = Scheduler._num_new_tokens(sched, *args)
         assert lab11_token_budget._num_new_tokens(sched, *args) == ours == faults_spec.new_tokens(sched, *args), args
+
+
+@pytest.mark.parametrize("block_size", BLOCK_SIZES)
+def test_lab12_lookup_equals_the_managers(block_size):
+    """Random holes in a filled cache: the exercise and faults_late.lookup give the manager's blocks and tokens."""
+    from minivllm.core.kv_cache_manager import KVCacheManager
+    from minivllm.labs import faults_late
+    from minivllm.labs.exercises import lab12_prefix_lookup
+    rng = random.Random(block_size)
+    for _ in range(30):
+        kvm, hasher = KVCacheManager(block_size, 32), kv_cache_utils.get_request_block_hasher(block_size)
+        tokens = [rng.randrange(50) for _ in range(5 * block_size)]
+        first = Request("a", tokens[:rng.randrange(1, 5 * block_size)], SamplingParams(max_tokens=1), 2,
+                        block_hasher=hasher)
+        kvm.allocate_slots(first, first.num_tokens)
+        if rng.random() < 0.5:
+            kvm.free(first)
+        kvm.block_pool.evict_blocks([b for b in kvm.req_to_blocks.get("a", []) if rng.random() < 0.2])
+        again = Request("b", tokens[:rng.randrange(1, 5 * block_size)],
+                        SamplingParams(max_tokens=1, prompt_logprobs=rng.choice((None, None, 1))), 2,
+                        block_hasher=hasher)
+        ours = KVCacheManager.get_computed_blocks(kvm, again)
+        assert lab12_prefix_lookup.get_computed_blocks(kvm, again) == ours == faults_late.lookup(kvm, again)
+
+
+def test_lab13_stop_strings_equal_the_output_processors():
+    from minivllm.engine.output_processor import OutputProcessor
+    from minivllm.labs import faults_late
+    from minivllm.labs.exercises import lab13_stop_strings
+    rng = random.Random(13)
+    for _ in range(400):
+        text = "".join(rng.choice("ab. ") for _ in range(rng.randrange(0, 12)))
+        new, keep = rng.randrange(0, len(text) + 1), rng.random() < 0.5
+        stop = ["".join(rng.choice("ab. ") for _ in range(rng.randrange(1, 4))) for _ in range(rng.randrange(0, 3))]
+        results = []
+        for fn in (OutputProcessor._check_stop_strings, lab13_stop_strings._check_stop_strings, faults_late.stop_strings):
+            state = SimpleNamespace(params=SamplingParams(stop=list(stop), include_stop_str_in_output=keep),
+                                    detokenizer=SimpleNamespace(output_text=text))
+            results.append((fn(state, text[len(text) - new:]), state.detokenizer.output_text))
+        assert results[0] == results[1] == results[2], (text, new, stop, keep)
+
+
+def test_lab14_row_parallel_equals_the_layers():
+    """Every simulated rank (unit_tp's threads): the exercise's loader, bias and forward, and faults_late's helpers
+    with every switch off, give the layer's own."""
+    from minivllm.labs import faults_late, unit_tp
+    from minivllm.labs.exercises import lab14_row_parallel as ex
+    from minivllm.models.linear import RowParallelLinear as R
+    for fns in ((ex.weight_loader, ex.local_bias, ex.forward), (faults_late.row_loader, R.local_bias,
+                                                               faults_late.row_forward)):
+        for names in (("weight_loader", "local_bias", "forward"),):
+            ours, theirs = {}, {}
+            sub = dict(zip(names, fns))
+            for observe in (unit_tp.lab14_loader_observe, unit_tp.lab14_bias_observe, unit_tp.lab14_forward_observe):
+                observe({"weight_loader": R.weight_loader, "local_bias": R.local_bias, "forward": R.forward}, None, ours)
+                observe(sub, None, theirs)
+            assert ours == theirs

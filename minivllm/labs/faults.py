@@ -3,12 +3,13 @@
 `python -m minivllm.labs check N --inject FAULT` grades the reference with one fault switched on (it must
 fail: that is how we know the grader bites); `with minivllm.labs.inject(FAULT): LLM(...).generate(...)`
 lets a student watch the consequence in a run or a trace. The broken functions live in faults_sched.py
-(labs 1, 2, 6), faults_kernels.py (labs 3, 4, 5, 7, 8) and faults_spec.py (labs 9, 10, 11); every lab has at
-least four.
+(labs 1, 2, 6), faults_kernels.py (labs 3, 4, 5, 7, 8) and faults_spec.py (labs 9, 10, 11),
+faults_late.py (labs 12, 13, 14); every lab has at least four.
 """
 from __future__ import annotations
 
 from minivllm.labs import faults_kernels as fk
+from minivllm.labs import faults_late as fl
 from minivllm.labs import faults_sched as fs
 from minivllm.labs import faults_spec as fp
 
@@ -130,4 +131,38 @@ FAULTS = {
                                   "without chunked prefill a prompt that does not fit is admitted whole anyway"),
     "new-tokens-model-len-off-by-one": (11, "_num_new_tokens", fp.new_tokens_model_len_off_by_one,
                                         "clamp at max_model_len - computed: a draft scheduled at the last position"),
+    "prefix-skips-holes": (12, "get_computed_blocks", fl.prefix_skips_holes,
+                           "goes on past a miss: blocks after an evicted one counted, the prefix's KV missing"),
+    "prefix-no-cap": (12, "get_computed_blocks", fl.prefix_no_cap,
+                      "no num_tokens - 1 cap: a prompt cached whole has nothing left to run, no logits"),
+    "prefix-caps-tokens": (12, "get_computed_blocks", fl.prefix_caps_tokens,
+                           "num_tokens - 1 capped in tokens, not blocks: a partial block counted"),
+    "prefix-reads-for-logprobs": (12, "get_computed_blocks", fl.prefix_reads_for_logprobs,
+                                  "skip_reading_prefix_cache ignored: a prompt-logprobs request skips positions"),
+    "prefix-touches": (12, "get_computed_blocks", fl.prefix_touches,
+                       "the hits touched in the lookup: allocate_slots touches them again, ref_cnt leaks"),
+    "prefix-counts-blocks": (12, "get_computed_blocks", fl.prefix_counts_blocks,
+                             "returns the number of blocks as num_computed_tokens, not blocks * block_size"),
+    "stop-new-chars-only": (13, "_check_stop_strings", fl.stop_new_chars_only,
+                            "looks only in the new characters: a stop string across two steps is missed"),
+    "stop-whole-text": (13, "_check_stop_strings", fl.stop_whole_text,
+                        "looks in the whole text: an old match (under min_tokens) stops the request"),
+    "stop-never-kept": (13, "_check_stop_strings", fl.stop_never_kept,
+                        "include_stop_str_in_output ignored: the text always cut before the stop string"),
+    "stop-earliest-in-text": (13, "_check_stop_strings", fl.stop_earliest_in_text,
+                              "the earliest match in the text wins, not the first stop string in the list"),
+    "stop-not-cut": (13, "_check_stop_strings", fl.stop_not_cut,
+                     "the stop string found but the text not cut: it ends with the stop string and what followed"),
+    "stop-last-occurrence": (13, "_check_stop_strings", fl.stop_last_occurrence,
+                             "cut at the stop string's last position in the new text, not its first"),
+    "row-bias-every-rank": (14, "local_bias", fl.row_bias_every_rank,
+                            "every rank adds the bias before the sum: it counts tp_size times"),
+    "row-shard-wrong-dim": (14, "weight_loader", fl.row_shard_wrong_dim,
+                            "the weight cut along the output dimension (and transposed to fit): wrong numbers"),
+    "row-shard-reversed": (14, "weight_loader", fl.row_shard_reversed,
+                           "shards counted from the end: rank 0 gets the last columns"),
+    "row-no-all-reduce": (14, "forward", fl.row_no_all_reduce,
+                          "no all-reduce: each rank returns its partial sum"),
+    "row-reduce-before-matmul": (14, "forward", fl.row_reduce_before_matmul,
+                                 "the input slices all-reduced before the product instead of the partial outputs"),
 }

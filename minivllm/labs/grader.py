@@ -7,6 +7,9 @@ checks' verdicts and the score are computed here, in the grader's process, by co
 with the reference observation (the same check with the engine's own functions, computed once per process).
 Nothing the submission prints, patches or exits with can change a verdict: a crash, an exit, a hang (past
 `timeout` seconds) or a memory bomb (past `memory_mb`) is a failed check with a message saying so.
+Hidden tests (an exercise file's `### BEGIN HIDDEN TESTS` block, student.hidden_tests) belong to the lab's first
+check: once its visible cases pass, each hidden test runs on the submission in its own grading process, and a
+failure fails that check naming the case, never its expected values.
 """
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ import json
 import signal
 from pathlib import Path
 
-from minivllm.labs import guard, refcache
+from minivllm.labs import guard, refcache, student
 from minivllm.labs.errors import LabCheckFailed
 from minivllm.labs.registry import LABS
 from minivllm.labs.sandbox import DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT_S, Sandbox, SandboxDied
@@ -86,6 +89,8 @@ def check_lab(lab_id: int, submission=None, fault: str | None = None, out=print,
     except _Failed as e:
         out(f"FAIL  {e}")
         return score(0)
+    if fault is None and submission is None:
+        job.update(path=str(lab_file(lab, EXERCISES)), source=lab_file(lab, EXERCISES).read_text())
     passed = failed = 0
     for index, (name, _, judge) in enumerate(lab.checks):
         if first_failure and failed:
@@ -95,6 +100,8 @@ def check_lab(lab_id: int, submission=None, fault: str | None = None, out=print,
             reference = _reference(lab_id, index, timeout, cached)
             result = _outcome(_run(job, index), f"check {name!r}", memory_mb, timeout)
             _judge(lab, name, judge, result, reference, memory_mb)
+            if index == 0 and fault is None:
+                _hidden(lab, name, job)
             passed += 1
             out(f"ok    {name}")
         except LabCheckFailed as e:
@@ -104,6 +111,39 @@ def check_lab(lab_id: int, submission=None, fault: str | None = None, out=print,
             failed += 1
             out(f"FAIL  {e}")
     return score(passed)
+
+
+def _hidden(lab, name: str, job: dict) -> None:
+    """Run the lab's hidden tests on the job's source (the submission, or our exercise file); raise _Failed at the
+    first that fails, saying which case and how, without the values it expected."""
+    block, tests = student.hidden_tests(lab_file(lab, EXERCISES).read_text())
+    own_lines = job["source"].count("\n") + 1  # the submission's lines; the hidden block comes after them
+    for number, (test, what) in enumerate(tests, 1):
+        case = f"check {name!r}: hidden case {number} of {len(tests)} ({what.rstrip('.')})"
+        answer = _run({**job, "mode": "student", "source": f"{job['source']}\n\n{block}\n{test}()\n"}, None)
+        try:
+            payload = _outcome(answer, case, job["memory_mb"], job["timeout"])
+        except _Failed as e:
+            error = _load_error(answer)
+            if error is None:
+                raise
+            where = error.get("where") or ""
+            theirs = where.rpartition(":")[2].isdigit() and int(where.rpartition(":")[2]) <= own_lines
+            if error.get("type") == "AssertionError" and not theirs:
+                raise _Failed(f"{case}: your function's result is not the expected one (a hidden case shows no "
+                              f"values: re-read the rules and invariants of the docstring)") from e
+            detail = f": {error.get('message')} (at {where})" if theirs else " (in the hidden test, on your result)"
+            raise _Failed(f"{case}: raised {error.get('type')}{detail}") from e
+        if not payload.get("loaded"):
+            raise _Failed(f"{case}: the grading process sent back no verdict")
+
+
+def _load_error(answer: dict) -> dict | None:
+    try:
+        payload = json.loads(answer.get("payload") or "null")
+    except (ValueError, RecursionError):
+        return None
+    return payload.get("load_error") if isinstance(payload, dict) else None
 
 
 def _run(job: dict, check) -> dict:

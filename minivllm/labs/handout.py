@@ -48,6 +48,17 @@ LAB_TEXT = {
          "prompt, within the step's budget and the model's length.",
          "Drafts count for a running request only; without chunked prefill a prompt comes in whole or waits; the "
          "last position a request can reach is never scheduled."),
+    12: ("Find how much of a waiting request's prompt the prefix cache already holds: the longest run of its "
+         "block hashes that hit, in whole blocks, without taking anything.",
+         "A cached block after a miss is of no use; a prompt cached whole still runs its last token; a request "
+         "asking for prompt logprobs reads nothing; the hits are touched later, by allocate_slots."),
+    13: ("Stop a request on a stop string in its incrementally decoded text, and cut the text there.",
+         "A stop string that starts in the previous step's characters; an older match that no longer counts; "
+         "several stop strings (list order wins); include_stop_str_in_output."),
+    14: ("Write the row-parallel linear layer of tensor parallelism: each rank loads its columns of the weight, "
+         "multiplies its slice of the input, and the partial sums are all-reduced, the bias counted once.",
+         "Which dimension is cut and which rank gets which slice; the bias on one rank only; reduce_results "
+         "off; tp_size 1."),
 }
 
 # check name -> what passing it proves
@@ -115,6 +126,20 @@ PROVES = {
     "it must ignore): the third prompt waits, then comes in whole",
     "up to max_model_len: schedule = reference": "the same with requests running to max_model_len (64) with drafts, "
     "and a preemption",
+    "lookup: the longest cached prefix, capped": "7 cases at block sizes 4, 8 and 16: prompts cached whole (a "
+    "multiple of block_size or not), a hole after block 0, block 0 evicted, a prompt shorter than a block, a "
+    "request asking for prompt logprobs: the same blocks and tokens as the engine's",
+    "lookup: nothing taken, the pool unchanged": "after each lookup every ref_cnt, the free queue's order and the "
+    "cached blocks are as before it",
+    "stop strings: the window, the order, the cut": "10 texts: a stop string across the old and new characters, "
+    "an older match, two stop strings in another order, twice in the new text, kept or not, no new text",
+    "in the engine: stopped text = reference": "two greedy requests stopped by strings around a token boundary "
+    "(one kept): the same text, finish and stop reasons and number of tokens as the engine's",
+    "weight_loader: each rank its columns": "tp_size 1, 2 and 4 simulated by threads: every rank's weight and bias "
+    "loaded from the full tensors, square and odd shapes",
+    "local_bias: the bias once": "every rank's local_bias(), with and without a bias",
+    "forward: partial sums, all-reduced": "every rank's output after the all-reduce equals the full X W^T + b, "
+    "and the partial sum when reduce_results is off",
 }
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import inspect
 import traceback
 import types
 from unittest import mock
@@ -94,7 +95,10 @@ def plugged(lab, functions: dict):
     with contextlib.ExitStack() as stack:
         for name, targets in lab.targets.items():
             for obj, attr in targets:
-                stack.enter_context(mock.patch.object(obj, attr, functions[name]))
+                fn = functions[name]
+                if isinstance(inspect.getattr_static(obj, attr), staticmethod) and not isinstance(fn, staticmethod):
+                    fn = staticmethod(fn)  # a staticmethod target (lab 13) stays one: no self is passed
+                stack.enter_context(mock.patch.object(obj, attr, fn))
         yield
 
 

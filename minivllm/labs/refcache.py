@@ -6,12 +6,17 @@ source file under minivllm/, the model wheel's and torch's versions) and by the 
 `<cache dir>/labs-reference/<fingerprint>/` (cache dir: MINIVLLM_CACHE_DIR, see minivllm/envs.py). Any change to
 the engine or to a check gives a new fingerprint, so a stale reference is never read. Files are written whole
 (a temporary file, then a rename), so two graders sharing the folder never read half a file.
+
+Old fingerprints' folders are pruned on write (`prune`): the KEEP most recently used ones stay (a load touches
+its folder), the others are renamed to a hidden name, then deleted. A grader still reading a pruned folder
+finds its files gone and recomputes; a failed removal is left for the next write; neither fails a check.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 from importlib import metadata
 from pathlib import Path
@@ -21,6 +26,7 @@ from minivllm import envs
 _PACKAGE = Path(__file__).resolve().parents[1]  # minivllm/
 _SOURCES = (".py", ".c", ".h", ".cpp")
 _FINGERPRINT: str | None = None
+KEEP = 3  # fingerprint folders kept, the current one included
 
 
 def _version(dist: str) -> str:
@@ -60,6 +66,10 @@ def load(lab_id: int, index: int, name: str) -> dict | None:
         return None
     if not isinstance(data, dict) or data.get("check") != name or not isinstance(data.get("obs"), dict):
         return None
+    try:
+        os.utime(folder())  # in use: its mtime says so, and prune keeps the folders used last
+    except OSError:
+        pass
     return data["obs"]
 
 
@@ -73,4 +83,36 @@ def store(lab_id: int, index: int, name: str, obs: dict) -> None:
             json.dump({"check": name, "obs": obs}, f)
         os.replace(tmp, path)
     except OSError:
-        pass
+        return
+    prune()
+
+
+def prune(keep: int | None = None) -> list[Path]:
+    """Remove the fingerprint folders beside the current one but the `keep` (default KEEP) newest by mtime, the
+    current one always kept; return those removed. Each is first renamed to `.old-<name>-<pid>` (atomic: a reader
+    sees the whole folder or none) and then deleted; an entry gone or busy is skipped, never an error."""
+    keep, current, ages = KEEP if keep is None else keep, folder(), []
+    try:
+        entries = list(os.scandir(current.parent))
+    except OSError:  # the folder itself is gone or unreadable: nothing to prune now
+        return []
+    for entry in entries:
+        try:
+            if entry.name == current.name or not entry.is_dir(follow_symlinks=False):
+                continue
+            if entry.name.startswith(".old-"):  # left by a prune that stopped half-way: finish it
+                shutil.rmtree(entry.path, ignore_errors=True)
+            elif not entry.name.startswith("."):
+                ages.append((entry.stat(follow_symlinks=False).st_mtime, entry.name))
+        except OSError:  # removed by another process since the listing
+            continue
+    removed = []
+    for _, name in sorted(ages, reverse=True)[max(keep - 1, 0):]:
+        trash = current.parent / f".old-{name}-{os.getpid()}"
+        try:
+            os.rename(current.parent / name, trash)  # another process pruned it first: FileNotFoundError
+        except OSError:
+            continue
+        shutil.rmtree(trash, ignore_errors=True)
+        removed.append(current.parent / name)
+    return removed

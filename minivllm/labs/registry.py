@@ -5,7 +5,7 @@ names to the submission's functions (already patched into the engine), `llm` is 
 engine, and it records what happened, as plain data, in the dict `obs`. `judge(obs, ref)` runs in the grader's
 own process: it compares `obs` with `ref`, the same observation made with the engine's own functions, and
 raises LabCheckFailed (or returns: the check passed). Every check must call the submission's function.
-Unit checks (no engine: unit_checks, unit_sched, unit_hash, unit_spec, unit_ngram, unit_budget) come before the
+Unit checks (no engine: unit_checks, unit_sched, unit_hash, unit_spec, unit_ngram, unit_budget, unit_prefix, unit_stop, unit_tp) come before the
 engine's, so `check` stops at a failing unit check before the model loads. Labs 9-11 grade on the engine with
 n-gram speculation (`speculative`: engine_checks.NGRAM) and their engine checks live in scenario_spec.
 """
@@ -16,8 +16,10 @@ import dataclasses
 from minivllm.attention import layer as attention_layer
 from minivllm.attention.backends import torch_attn
 from minivllm.core import kv_cache_utils
+from minivllm.core.kv_cache_manager import KVCacheManager
 from minivllm.core.sched import scheduler as scheduler_module
 from minivllm.core.sched.scheduler import Scheduler
+from minivllm.engine.output_processor import OutputProcessor
 from minivllm.entrypoints.llm import LLM
 from minivllm.labs import scenario_checks as sc
 from minivllm.labs import scenario_spec as ss
@@ -25,8 +27,12 @@ from minivllm.labs import unit_budget as ub
 from minivllm.labs import unit_checks as uc
 from minivllm.labs import unit_hash as uh
 from minivllm.labs import unit_ngram as un
+from minivllm.labs import unit_prefix as upx
 from minivllm.labs import unit_sched as us
 from minivllm.labs import unit_spec as usp
+from minivllm.labs import unit_stop as ust
+from minivllm.labs import unit_tp as utp
+from minivllm.models.linear import RowParallelLinear
 from minivllm.sample import sampler as sampler_module
 from minivllm.sample.rejection_sampler import RejectionSampler
 from minivllm.spec_decode.ngram_proposer import NgramProposer
@@ -170,6 +176,29 @@ LABS = {
               *ss.spec_check("to-max-model-len", "up to max_model_len: schedule = reference", "drafts are "
                              "scheduled like other tokens, never at position max_model_len - 1", "schedule"))],
             "30", speculative=True),
+    12: Lab(12, "prefix caching: the lookup, KVCacheManager.get_computed_blocks", "lab12_prefix_lookup",
+            ["get_computed_blocks"], {"get_computed_blocks": [(KVCacheManager, "get_computed_blocks")]},
+            [("lookup: the longest cached prefix, capped", upx.lab12_lookup_observe, upx.lab12_lookup_judge),
+             ("lookup: nothing taken, the pool unchanged", upx.lab12_lookup_observe, upx.lab12_state_judge),
+             ("same prompt again: a hit", *sc.tokens_check("repeated", "the hits are the cached prefix, capped",
+                                                           hits="the same prompt again hits its whole blocks up to "
+                                                                "num_tokens - 1")),
+             ("blocks in another order: no hit", *sc.tokens_check("swapped-blocks", "stop at the first miss",
+                                                                  hits="a block is of use only after its whole "
+                                                                       "prefix hit: stop at the first miss")),
+             ("preempted tokens = reference", *sc.tokens_check("preempted", "a lookup takes no block"))], "30"),
+    13: Lab(13, "stop strings on incremental text: OutputProcessor._check_stop_strings", "lab13_stop_strings",
+            ["_check_stop_strings"], {"_check_stop_strings": [(OutputProcessor, "_check_stop_strings")]},
+            [("stop strings: the window, the order, the cut", ust.lab13_unit_observe, ust.lab13_unit_judge),
+             ("in the engine: stopped text = reference", ust.lab13_engine_observe, ust.lab13_engine_judge)], "30"),
+    14: Lab(14, "tensor parallelism: RowParallelLinear's weight_loader, local_bias and forward", "lab14_row_parallel",
+            ["weight_loader", "local_bias", "forward"],
+            {name: [(RowParallelLinear, name)] for name in ("weight_loader", "local_bias", "forward")},
+            [("weight_loader: each rank its columns", utp.lab14_loader_observe, utp.lab14_loader_judge),
+             ("local_bias: the bias once", utp.lab14_bias_observe, utp.lab14_bias_judge),
+             ("forward: partial sums, all-reduced", utp.lab14_forward_observe, utp.lab14_forward_judge),
+             ("greedy tokens = reference", *sc.tokens_check("greedy", "at tp_size 1: the plain product, no sum"))],
+            "30"),
 }
 
 LABS = dict(sorted(LABS.items()))  # lab number order for list and grade

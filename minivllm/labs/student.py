@@ -2,13 +2,15 @@
 
 In an exercise file, the lines from `### BEGIN SOLUTION` to `### END SOLUTION` become
 `raise NotImplementedError("write <function>: <its docstring's first line>")` at the same indent;
-`### BEGIN HIDDEN TESTS` ... `### END HIDDEN TESTS` blocks are dropped. In a notebook code cell, a solution
+`### BEGIN HIDDEN TESTS` ... `### END HIDDEN TESTS` blocks are dropped (the grader still runs them on each
+submission: `hidden_tests` reads them, grader.py runs them). In a notebook code cell, a solution
 block keeps its lines with every `NAME = value` assignment turned into `NAME = None  # your prediction`
 (e.g. `MY_ANSWER = 6` -> `MY_ANSWER = None  # your prediction`); outputs and execution counts are cleared, and
 a Predict lab's "### Why" markdown cell, which explains the answer, becomes a cell asking for the student's own.
 """
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -36,6 +38,23 @@ def strip_hidden(lines: list[str]) -> list[str]:
         elif not hidden:
             out.append(line)
     return out
+
+
+def hidden_tests(source: str) -> tuple[str, list[tuple[str, str]]]:
+    """An exercise file's hidden tests: (the text of its hidden blocks, [(test name, its docstring's first
+    line)]). A hidden test is a `def hidden_test_*()` in a hidden block that calls the lab's function by its
+    module-level name and raises AssertionError when the result is wrong; the grader runs each one on a
+    submission (grader.py), and the student copy has none of them."""
+    block, hidden = [], False
+    for line in source.splitlines():
+        if line.strip() in (BEGIN_HIDDEN, END_HIDDEN):
+            hidden = line.strip() == BEGIN_HIDDEN
+        elif hidden:
+            block.append(line)
+    text = "\n".join(block)
+    tests = [(node.name, (ast.get_docstring(node) or node.name).split("\n")[0]) for node in ast.parse(text).body
+             if isinstance(node, ast.FunctionDef) and node.name.startswith("hidden_test_")]
+    return text, tests
 
 
 def stub_source(source: str) -> str:

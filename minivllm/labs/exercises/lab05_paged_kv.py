@@ -7,8 +7,17 @@ is physical block block_table[j]. Graded inside the engine on its PyTorch attent
 
 
 def do_kv_cache_update(self, key, value, kv_cache, slot_mapping) -> None:
-    """Write key/value [num_tokens, num_kv_heads, head_size] into kv_cache[0]/kv_cache[1]
-    ([num_blocks, block_size, num_kv_heads, head_size]) at the flat slots slot_mapping [num_tokens]; slot -1 is padding.
+    """Write key and value into the paged cache at the flat slots of slot_mapping; return None.
+
+    Inputs: self, the TorchAttentionImpl (nothing of it is needed); key and value [num_tokens, num_kv_heads,
+    head_size]; kv_cache [2, num_blocks, block_size, num_kv_heads, head_size] (kv_cache[0] the K cache,
+    kv_cache[1] the V cache), written in place; slot_mapping, int64 [num_tokens], the flat slot of each token
+    (slot s is block s // block_size, offset s % block_size), -1 for a padding row.
+    Invariants: row i lands in slot slot_mapping[i] of both caches; a -1 row writes nothing (not the last
+    slot); every other slot keeps its old value; it works for any block_size and head shape.
+    Example (block_size 2, 3 blocks, 1 head, head_size 1): key [10, 20, 30], value [-10, -20, -30], slots
+    [5, -1, 0] on a zero cache -> kv_cache[0] flattened is [30, 0, 0, 0, 0, 10] (block 2 offset 1 holds 10,
+    block 0 offset 0 holds 30, the padding row's 20 nowhere), kv_cache[1] is [-30, 0, 0, 0, 0, -10].
     """
     ### BEGIN SOLUTION
     num_kv_heads, head_size = key.shape[1:]
@@ -20,8 +29,16 @@ def do_kv_cache_update(self, key, value, kv_cache, slot_mapping) -> None:
 
 
 def gather_blocks(cache, physical):
-    """Return the blocks physical [...] (physical block ids) of cache [num_blocks, block_size, H, D]
-    as a tensor [..., block_size, H, D].
+    """Return the blocks `physical` (block ids, any shape [...]) of cache, as a tensor [..., block_size, H, D].
+
+    Inputs: cache, one of the two caches [num_blocks, block_size, H, D]; physical, an int64 tensor of block
+    ids, e.g. [num_reqs, blocks per request] read from the block tables.
+    Output: out[idx] == cache[physical[idx]] for every index idx of physical: a new tensor, the cache untouched.
+    Invariants: ids come in any order and may repeat (block ids are physical: a request's logical block j is
+    wherever its block_table says); the result depends on block_size, H and D through the cache's shape only.
+    Example: with the K cache above ([num_blocks 3, block_size 2, 1, 1], flattened [30, 0, 0, 0, 0, 10]),
+    gather_blocks(cache, tensor([[2, 0]])) has shape [1, 2, 2, 1, 1] and flattened is [0, 10, 30, 0]
+    (block 2, then block 0).
     """
     ### BEGIN SOLUTION
     flat = cache.view(cache.shape[0], -1)
