@@ -61,7 +61,8 @@ def test_request_that_can_never_fit_is_refused_not_queued(llm):
 
 
 SCRIPT = textwrap.dedent("""
-    import sys
+    import signal, sys
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal (see CTRL_C below)
     from minivllm import LLM, SamplingParams
     llm = LLM(sys.argv[1], max_model_len=256)
     print(llm.llm_engine.info["pid"], flush=True)
@@ -164,7 +165,10 @@ def test_a_large_batch_to_a_dead_engine_raises_and_the_process_exits(tiny_llama_
 
 
 CTRL_C = """
-    import sys, time
+    import signal, sys, time
+    # Python started with SIGINT ignored (a test runner launched as a background job) never raises
+    # KeyboardInterrupt; a terminal's Python has this handler, so give it here as one would have it.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     from minivllm import LLM, SamplingParams
     llm = LLM(sys.argv[1], max_model_len=256, num_gpu_blocks_override=64)
     print("ready", llm.llm_engine.info["pid"], flush=True)
