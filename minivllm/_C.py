@@ -11,9 +11,8 @@ runs on torch's own OpenMP thread pool (the same libgomp), so `torch.set_num_thr
 Without a compiler, with MINIVLLM_CPU_KERNELS=0, or on any failure to load (a refused folder, a
 dlopen error, a missing symbol), `available()` is False (logged once); which op then runs instead is
 decided once, in minivllm/_custom_ops.py. The ops take float32 and bfloat16 (arithmetic in float32,
-results rounded to bf16 where PyTorch's own ops round: see csrc/cpu/cpu_types.h); the small-batch
-linear is float32 only (bf16 GEMMs go to oneDNN). A tensor an op cannot take is a ValueError, never
-a silent detour. Left out: CUDA, fp16, fp8, torch.ops registration (ctypes stands in for it).
+results rounded to bf16 where PyTorch's own ops round: see csrc/cpu/cpu_types.h). A tensor an op
+cannot take is a ValueError, never a silent detour. Left out: CUDA, fp16, fp8, torch.ops registration (ctypes stands in for it).
 """
 from __future__ import annotations
 
@@ -51,6 +50,10 @@ SIGNATURES: dict[str, tuple[list, object]] = {
     "panel_width": ([], _I64),
     "pack_linear_weight": ([_P, _P, _I64, _I64], None),
     "linear_small_batch": ([_P, _P, _P, _P, _I64, _I64, _I64, _I64], None),
+    # () -> 1 where the AVX512_BF16 tile is built in / packed, weight, n, k / out, x, packed, bias, m, n, k, x_stride
+    "linear_bf16_has_dp": ([], _INT),
+    "pack_linear_weight_bf16": ([_P, _P, _I64, _I64], None),
+    "linear_small_batch_bf16": ([_P, _P, _P, _P, _I64, _I64, _I64, _I64], None),
 }
 _lib: ctypes.CDLL | None = None
 _tried = False
@@ -212,23 +215,39 @@ def paged_attention(output: torch.Tensor, query: torch.Tensor, key_cache: torch.
                          output.stride(0), scale, _dtype(output, query, key_cache, value_cache))
 
 
+def linear_bf16_has_dp() -> bool:
+    """True where the library's bf16 small-batch GEMM runs on AVX512_BF16 dot products (else it is plain C)."""
+    return bool(_lib.linear_bf16_has_dp())
+
+
 def pack_linear_weight(weight: torch.Tensor) -> torch.Tensor:
-    """W [n, k] float32 -> panels [cdiv(n, 32), k, 32] (columns past n zero), the layout linear_small_batch streams."""
-    if weight.dtype != torch.float32:
-        raise ValueError(f"the small-batch linear is float32 only, got {weight.dtype}")
+    """W [n, k] -> the panels linear_small_batch streams: float32 [cdiv(n, 32), k, 32], bf16 [cdiv(n, 32),
+    cdiv(k, 2), 32, 2] (k in pairs, for dot-product instructions); columns (and an odd k's partner) past the
+    weight are zero."""
+    if weight.dtype not in DTYPES:
+        raise ValueError(f"the small-batch linear takes float32 or bfloat16 weights, got {weight.dtype}")
     n, k = weight.shape
     weight = weight.detach().contiguous()
     panel = _lib.panel_width()
-    packed = torch.empty(cdiv(n, panel), k, panel, dtype=weight.dtype)
-    _lib.pack_linear_weight(packed.data_ptr(), weight.data_ptr(), n, k)
+    if weight.dtype == torch.float32:
+        packed = torch.empty(cdiv(n, panel), k, panel, dtype=weight.dtype)
+        _lib.pack_linear_weight(packed.data_ptr(), weight.data_ptr(), n, k)
+    else:
+        packed = torch.empty(cdiv(n, panel), cdiv(k, 2), panel, 2, dtype=weight.dtype)
+        _lib.pack_linear_weight_bf16(packed.data_ptr(), weight.data_ptr(), n, k)
     return packed
 
 
 def linear_small_batch(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, n: int) -> torch.Tensor:
-    """x [m, k] (rows may be strided) @ W^T + bias -> [m, n], W given as pack_linear_weight's panels."""
-    k = packed.shape[1]
+    """x [m, k] (rows may be strided) @ W^T + bias -> [m, n], W given as pack_linear_weight's panels (x, W and
+    bias in one dtype; bf16 sums in float32 and rounds once, after the bias)."""
+    bf = _dtype(x, packed, *([] if bias is None else [bias]))
+    k = x.shape[-1]
+    if packed.shape[1] != (cdiv(k, 2) if bf else k):
+        raise ValueError(f"x has {k} columns but the panels {tuple(packed.shape)} were packed for another width")
     x_stride = _rows(x, k)
     out = torch.empty(x.shape[0], n, dtype=x.dtype)
-    _lib.linear_small_batch(out.data_ptr(), x.data_ptr(), packed.data_ptr(),
-                            None if bias is None else bias.data_ptr(), x.shape[0], n, k, x_stride)
+    fn = _lib.linear_small_batch_bf16 if bf else _lib.linear_small_batch
+    fn(out.data_ptr(), x.data_ptr(), packed.data_ptr(), None if bias is None else bias.data_ptr(), x.shape[0], n, k,
+       x_stride)
     return out

@@ -98,8 +98,12 @@ def _log_native_once(dtype: str, built: bool) -> None:
 
 
 def pack_small_batch_linear(weight: torch.Tensor) -> torch.Tensor | None:
-    """W [n, k] -> the C GEMM's panels where it will run (float32, library built), else None (oneDNN only)."""
-    if weight.dtype == torch.float32 and compiled_cpu_ops_serve(weight.device, weight.dtype):
+    """W [n, k] -> the C GEMM's panels where it will run, else None (oneDNN only): float32 with the library
+    built; bfloat16 where the library has its AVX512_BF16 tile (without it the plain-C tile would be slower
+    than oneDNN's bf16 kernels, so bf16 stays on oneDNN)."""
+    if not compiled_cpu_ops_serve(weight.device, weight.dtype):
+        return None
+    if weight.dtype == torch.float32 or (weight.dtype == torch.bfloat16 and _C.linear_bf16_has_dp()):
         return _C.pack_linear_weight(weight)
     return None
 

@@ -102,3 +102,12 @@ def test_spec_decode_benchmark_runs_both_workloads(tiny_llama_folder, capsys, mo
         assert f"{name}: on/off tok/s per round" in out
     for text in ("acceptance rate", "mean acceptance length", "accepted per position", "outputs identical: yes"):
         assert text in out
+
+
+def test_decode_gemm_benchmark_runs_both_kernels(capsys, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["decode_gemm.py", "--layers", "1", "--vocab", "300", "--rows", "1", "13",
+                                      "--rounds", "1"])
+    runpy.run_path("benchmarks/decode_gemm.py", run_name="__main__")
+    out = capsys.readouterr().out
+    for text in ("5 weights", "   1 rows:", "  13 rows:", "oneDNN / kernel", "GB/s of weights", "max|diff|"):
+        assert text in out

@@ -19,7 +19,7 @@ from conftest import PROMPTS, check_logprobs_close
 from minivllm import LLM, SamplingParams, _C, platforms
 from minivllm.csrc import build as ops_build
 from minivllm.models.layers import RotaryEmbedding, _rotate_half
-from test_cpu_ops import ATTENTION_LAYOUTS, STEP, attention_batch, reference_attention
+from test_cpu_ops import ATTENTION_LAYOUTS, DECODES, STEP, attention_batch, reference_attention
 
 BF = torch.bfloat16
 MAX_TOKENS, TOP = 20, 5
@@ -87,12 +87,12 @@ def check_reshape_and_cache():
     assert torch.equal(value_cache.view(-1, 2, 16)[slots[keep]], value[keep])
 
 
-def check_paged_attention(num_heads, kv_heads, head_size, block_size):
+def check_paged_attention(num_heads, kv_heads, head_size, block_size, step=STEP):
     """Decodes and prefill chunks in one call (test_cpu_ops.STEP) against float64 causal SDPA on the same bf16
     inputs. Where AVX512_BF16 runs P.V, each probability is rounded to bf16 first (as in PyTorch's own CPU flash
     attention), moving the output by at most 2**-8 of sum_p P_p |V_p| (SDPA over |V|); the output is rounded once
     more, at most 2**-8 of itself. The plain-C and float32-FMA builds keep P in float32 and meet it with room."""
-    query, key_cache, value_cache, block_table, qsl, seq_lens = attention_batch(*STEP, num_heads, kv_heads, head_size,
+    query, key_cache, value_cache, block_table, qsl, seq_lens = attention_batch(*step, num_heads, kv_heads, head_size,
                                                                                 block_size, dtype=BF)
     want, want_abs = (reference_attention(query, key_cache, v, block_table, qsl, seq_lens, head_size**-0.5)
                       for v in (value_cache, value_cache.abs()))
@@ -104,8 +104,25 @@ def check_paged_attention(num_heads, kv_heads, head_size, block_size):
     assert out[n:].isnan().all()
 
 
+def check_linear_small_batch():
+    """Sums in float32 (vdpbf16ps adds a pair of exact products at a time), rounded once to bf16 after the bias:
+    within 2**-8 of the float64 result, plus the float32 sums' own error (k adds of 2**-24 of |x| @ |W|^T).
+    Every row count a 12-row tile leaves (1, 11, 12, 13, 25), an odd k (a zero partner for the last pair)."""
+    torch.manual_seed(5)
+    for n, k, bias in ((70, 41, True), (96, 576, False), (33, 1536, True)):
+        weight = (torch.randn(n, k) * k**-0.5).to(BF)
+        b = torch.randn(n).to(BF) if bias else None
+        packed = _C.pack_linear_weight(weight)
+        for m in (1, 11, 12, 13, 25):
+            x = torch.randn(m, k + 3).to(BF)[:, :k]  # strided rows
+            out = _C.linear_small_batch(x, packed, b, n)
+            want = x.double() @ weight.double().T + (0 if b is None else b.double())
+            bound = 2**-8 * want.abs() + k * 2**-24 * (x.double().abs() @ weight.double().abs().T) + 1e-6
+            assert out.dtype == BF and ((out.double() - want).abs() <= bound).all(), (n, k, m)
+
+
 KERNEL_CHECKS = [check_rms_norm, check_fused_add_rms_norm, check_silu_and_mul, check_rotary_embedding,
-                 check_reshape_and_cache]
+                 check_reshape_and_cache, check_linear_small_batch]
 
 
 @pytest.mark.parametrize("check", KERNEL_CHECKS, ids=lambda c: c.__name__)
@@ -113,9 +130,10 @@ def test_bf16_op_against_its_reference(check):
     check()
 
 
+@pytest.mark.parametrize("step", [STEP, DECODES], ids=["mixed", "many-decodes"])
 @pytest.mark.parametrize("layout", ATTENTION_LAYOUTS)
-def test_bf16_paged_attention_against_float64(layout):
-    check_paged_attention(*layout)
+def test_bf16_paged_attention_against_float64(layout, step):
+    check_paged_attention(*layout, step=step)
 
 
 @pytest.mark.parametrize("flags", [("-mno-avx512bf16",), ("-mno-avx512f",)], ids=["no-avx512bf16", "plain-c"])
@@ -128,7 +146,8 @@ def test_bf16_ops_without_the_instructions(flags, tmp_path, monkeypatch):
     for check in KERNEL_CHECKS:
         check()
     for layout in ATTENTION_LAYOUTS:
-        check_paged_attention(*layout)
+        for step in (STEP, DECODES):
+            check_paged_attention(*layout, step=step)
 
 
 def test_mixed_dtypes_are_refused_with_the_reason():

@@ -132,9 +132,16 @@ ATTENTION_LAYOUTS = [
 ]
 
 
+# Forty decodes (and one chunk): enough for up to 20 threads to take a decode whole, every head in one item
+# (cpu_attn.c's attend_decode_avx512); STEP's single decode takes an item per KV head.
+DECODES = ([1] * 20 + [7] + [1] * 20, [(37 * i) % 150 + 1 for i in range(20)] + [30] + [(11 * i) % 90 for i in range(20)])
+
+
+@pytest.mark.parametrize("step", [STEP, DECODES], ids=["mixed", "many-decodes"])
 @pytest.mark.parametrize("num_heads,kv_heads,head_size,block_size", ATTENTION_LAYOUTS)
-def test_paged_attention_matches_causal_sdpa_over_the_gathered_history(num_heads, kv_heads, head_size, block_size):
-    query, key_cache, value_cache, block_table, qsl, seq_lens = attention_batch(*STEP, num_heads, kv_heads,
+def test_paged_attention_matches_causal_sdpa_over_the_gathered_history(num_heads, kv_heads, head_size, block_size,
+                                                                       step):
+    query, key_cache, value_cache, block_table, qsl, seq_lens = attention_batch(*step, num_heads, kv_heads,
                                                                                 head_size, block_size)
     want = reference_attention(query, key_cache, value_cache, block_table, qsl, seq_lens, head_size**-0.5)
     out = torch.full_like(query, float("nan"))
@@ -188,7 +195,8 @@ def test_the_plain_c_paths_agree_too(tmp_path, monkeypatch):
     test_fused_add_rms_norm_adds_the_residual_then_normalises_in_place()
     test_reshape_and_cache_writes_each_token_to_its_slot_and_skips_padding()
     for layout in ATTENTION_LAYOUTS[:5]:
-        test_paged_attention_matches_causal_sdpa_over_the_gathered_history(*layout)
+        for step in (STEP, DECODES):
+            test_paged_attention_matches_causal_sdpa_over_the_gathered_history(*layout, step=step)
     for m in (1, 9):
         test_linear_small_batch_matches_a_matmul(m, 70, 40, True)
     test_silu_and_mul_matches_torch_including_extreme_gates()

@@ -37,15 +37,16 @@ def divide(numerator: int, denominator: int) -> int:
 
 
 class PackedLinear(nn.Module):
-    """A weight pre-packed once for the CPU's GEMMs: in float32 two layouts, one per batch size.
+    """A weight pre-packed once for the CPU's GEMMs, in two layouts, one per batch size.
 
     Up to _custom_ops.SMALL_BATCH rows (every decode step) the compiled small-batch kernel streams its
-    own panel layout (csrc/cpu/gemm.c; _custom_ops.cpu_linear picks by rows); on this kind of CPU it
-    runs 1.2-1.8x faster than oneDNN at 1-32 rows and level with it up to 256. Bigger batches (prefill)
-    go to oneDNN with its packed weight, which is itself 1.3x faster than the default MKL path. In
-    bfloat16 every batch goes to oneDNN's packed bf16 GEMM (AVX512_BF16 or AMX where the CPU has them,
-    float32 accumulation), which runs 1.6-2.2x faster than the float32 kernels at every batch size
-    measured (1-2048 rows). The packing is a layout change only; results agree with F.linear to the
+    own panel layout (csrc/cpu/gemm.c; _custom_ops.cpu_linear picks by rows). Bigger batches (prefill)
+    go to oneDNN with its packed weight, itself 1.3x faster than the default MKL path. In float32 the
+    panel kernel runs 1.2-1.8x faster than oneDNN at 1-32 rows and level with it up to 256; in bfloat16
+    (where the library has AVX512_BF16: vdpbf16ps, float32 sums) it runs 1.5-1.7x faster at 1-8 rows,
+    1.2-1.3x at 16-64 and level at 192-256, on a decode step's weights streamed from memory
+    (benchmarks/kernels.py). Without AVX512_BF16, bf16 goes to oneDNN at every size. The cost is a
+    second copy of each weight. Packing is a layout change only; results agree with F.linear to the
     dtype's rounding.
     """
 
