@@ -10,6 +10,10 @@ from minivllm.engine.arg_utils import EngineArgs
 
 DEFAULT_TRACE_MAX_STEPS = 200  # the live /trace page's window (minivllm.tracing.live keeps the same default)
 DEFAULT_MAX_REQUEST_BODY_BYTES = 16 << 20  # 16 MiB: any prompt max_model_len can hold, many times over
+# vLLM's defaults for its OpenAI server on a CPU (EngineArgs.get_batch_defaults, UsageContext.OPENAI_API_SERVER):
+# a smaller step than the offline LLM's, so a burst of prompts is prefilled in chunks and the first of them
+# stream sooner. `LLM` keeps EngineConfig's 8192 / 256 (vLLM's offline CPU default is 4096 / 256: see the README).
+SERVER_MAX_NUM_BATCHED_TOKENS, SERVER_MAX_NUM_SEQS = 2048, 128
 
 
 def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -34,4 +38,6 @@ def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--uvicorn-log-level", default="info",
                         choices=["critical", "error", "warning", "info", "debug", "trace"],
                         help="uvicorn's log level (default: %(default)s)")
-    return EngineArgs.add_cli_args(parser)
+    EngineArgs.add_cli_args(parser)
+    parser.set_defaults(max_num_batched_tokens=SERVER_MAX_NUM_BATCHED_TOKENS, max_num_seqs=SERVER_MAX_NUM_SEQS)
+    return parser
