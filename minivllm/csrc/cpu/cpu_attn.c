@@ -20,13 +20,12 @@
  *    into float32 accumulators, divided by l once at the end. K/V rows are read once per item instead of
  *    once per query row, and both products are register-blocked (RB rows x TILE_KV positions, RB rows x
  *    64 dims) with no horizontal sums in their inner loops: the item is bound by arithmetic.
- *  - Rows (decodes): one query token at a time, a group of up to 4 heads, three passes over the history
- *    (scores, softmax, P.V). With one query row there is nothing to share a packed tile with, and this
- *    path is the faster one for it. With at least two decodes per thread (and AVX-512), a decode is one
- *    item for all its heads instead (attend_decode_avx512): it reads the history a KV block at a time,
- *    every KV head of the block together (the block's rows are contiguous), and fetches the next block
- *    while it computes this one; decode attention over 30 layers' caches (memory-bound) took 1.15-1.2x
- *    less time than with an item per KV head.
+ *  - Rows (decodes): one query token, three passes over the history (scores, softmax, P.V), a KV block
+ *    at a time with the next block fetched meanwhile. With one query row there is nothing to share a
+ *    packed tile with, and this path is the faster one for it. With at least two decodes per thread (and
+ *    AVX-512) a decode is one item for all its heads (the block's rows, every KV head, read together: on
+ *    30 layers' caches, memory-bound, 1.15-1.2x faster than an item per KV head); with fewer, an item per
+ *    KV head spreads a request over the threads.
  *
  * Arithmetic per build (-march=native; the library is built per CPU). Tiles: bf16 with AVX512_BF16 runs
  * both products as vdpbf16ps (pairs of bf16, float32 sums; the probabilities are rounded to bf16 for P.V,
@@ -185,60 +184,8 @@ AI void pv_generic(float *o, const float *p, const float *alpha, const int *n, i
 }
 
 #ifdef __AVX512F__
-/* ---- the row path with AVX-512 --------------------------------------------------------------------------- */
+/* ---- the row path with AVX-512: a decode's heads, the history read block by block -------------------------- */
 #define MAX_VECS 16 /* head_size <= 256 */
-
-/* The same computation with head_size = 16 * nv; nv, heads and bf are constants after inlining. */
-AI void attend_avx512(void *out, int64_t out_head_stride, const void *q, const History *h, int heads, int nv,
-                      float scale, float *scores, int bf) {
-    __m512 qv[GROUP][MAX_VECS], acc[GROUP][MAX_VECS];
-    float maxs[GROUP], inv[GROUP];
-    for (int g = 0; g < heads; g++) {
-        maxs[g] = -INFINITY;
-        for (int j = 0; j < nv; j++) qv[g][j] = _mm512_mul_ps(load16(q, g * 16 * nv + 16 * j, bf), _mm512_set1_ps(scale));
-    }
-    for (int64_t p = 0; p < h->seq_len; p++) {  /* pass 1: scores (the scale is folded into q) */
-        int64_t kr = history_row(h, p);
-        __m512 kv[MAX_VECS];
-        for (int j = 0; j < nv; j++) kv[j] = load16(h->key_cache, kr + 16 * j, bf);
-        for (int g = 0; g < heads; g++) {
-            __m512 dot = _mm512_mul_ps(qv[g][0], kv[0]);
-            for (int j = 1; j < nv; j++) dot = _mm512_fmadd_ps(qv[g][j], kv[j], dot);
-            float sc = _mm512_reduce_add_ps(dot);
-            scores[g * h->seq_len + p] = sc;
-            maxs[g] = sc > maxs[g] ? sc : maxs[g];
-        }
-    }
-    softmax_rows(scores, maxs, inv, heads, h->seq_len);  /* pass 2 */
-    for (int g = 0; g < heads; g++)
-        for (int j = 0; j < nv; j++) acc[g][j] = _mm512_setzero_ps();
-    for (int64_t p = 0; p < h->seq_len; p++) {  /* pass 3: weighted sum of V */
-        int64_t vr = history_row(h, p);
-        __m512 vv[MAX_VECS];
-        for (int j = 0; j < nv; j++) vv[j] = load16(h->value_cache, vr + 16 * j, bf);
-        for (int g = 0; g < heads; g++) {
-            __m512 w = _mm512_set1_ps(scores[g * h->seq_len + p]);
-            for (int j = 0; j < nv; j++) acc[g][j] = _mm512_fmadd_ps(w, vv[j], acc[g][j]);
-        }
-    }
-    for (int g = 0; g < heads; g++)
-        for (int j = 0; j < nv; j++)
-            store16(out, g * out_head_stride + 16 * j, _mm512_mul_ps(acc[g][j], _mm512_set1_ps(inv[g])), bf);
-}
-
-/* One row-path item on AVX-512: constant shapes for the common head sizes (64 and 128). */
-AI void attend_item_avx512(void *o, int64_t head_size, const void *q, const History *h, int heads, float scale,
-                           float *scores, int bf) {
-    int nv = (int)(head_size / 16);
-#define CASE(H, NV) case (H - 1) * MAX_VECS + NV - 1: attend_avx512(o, head_size, q, h, H, NV, scale, scores, bf); break;
-    switch ((heads - 1) * MAX_VECS + nv - 1) {
-        CASE(1, 4) CASE(2, 4) CASE(3, 4) CASE(4, 4) CASE(1, 8) CASE(2, 8) CASE(3, 8) CASE(4, 8)
-        default: attend_avx512(o, head_size, q, h, heads, nv, scale, scores, bf);
-    }
-#undef CASE
-}
-
-/* ---- a whole decode on AVX-512: every query head of one request, the history read block by block ----------- */
 
 /* Row i (`bytes` long) of the block at pf into the cache, for the block after the one being computed. */
 AI void prefetch_row(const char *pf, int64_t i, int64_t bytes) {
@@ -288,14 +235,16 @@ AI void decode_pv_avx512(float *acc, const float *s, const History *h, int64_t k
         for (int j = 0; j < nv; j++) _mm512_storeu_ps(acc + g * 16 * nv + 16 * j, a[g][j]);
 }
 
-/* One decode (h->seq_len positions, one query token) for all num_kv_heads * qpk heads, the same three passes
- * as attend_avx512, but each KV block is read whole: a block's rows (every KV head) lie back to back in the
- * cache, so the item streams them, where an item per KV head reads a third of each row (for SmolLM2) and
- * leaves the rest for another item, which on this workload ran at about half the memory bandwidth. */
-static void attend_decode_avx512(char *out, const char *q, const History *h, int64_t num_kv_heads, int64_t qpk,
-                                 float scale, float *scores, float *acc, float *maxs, float *inv, int bf) {
-    int64_t hs = h->head_size, heads_total = num_kv_heads * qpk, seq = h->seq_len, bs = h->block_size;
-    int64_t es = elem_size(bf);
+/* One query token at h->seq_len - 1 for the qpk query heads of each of KV heads kvh0 .. kvh0 + nkv - 1 (out and
+ * q point at the first of those heads), in three passes (scores, softmax, P.V), the history read a KV block at
+ * a time: every one of the item's KV heads in a block is done before the next block, whose rows are fetched
+ * meanwhile. With nkv = num_kv_heads (a whole decode per item) the block's rows, which lie back to back in the
+ * cache, are read whole; an item per KV head (nkv = 1) reads its third of each row (for SmolLM2) and leaves
+ * the rest to other items, which on 30 layers' caches ran 1.15-1.2x slower. nv and bf are constants after
+ * inlining where the caller passes literals. */
+AI void attend_decode_avx512(char *out, const char *q, const History *h, int64_t kvh0, int64_t nkv, int64_t qpk,
+                             float scale, float *scores, float *acc, float *maxs, float *inv, int bf) {
+    int64_t hs = h->head_size, heads_total = nkv * qpk, seq = h->seq_len, bs = h->block_size, es = elem_size(bf);
     int nv = (int)(hs / 16);
     for (int64_t g = 0; g < heads_total; g++) maxs[g] = -INFINITY;
     memset(acc, 0, sizeof(float) * heads_total * hs);
@@ -306,22 +255,22 @@ static void attend_decode_avx512(char *out, const char *q, const History *h, int
             /* the next block's rows are fetched a row per position while this block is computed */
             const char *next = p0 + bs < seq ? (const char *)(pass ? h->value_cache : h->key_cache) +
                                                    (int64_t)h->blocks[p0 / bs + 1] * bs * h->row * es : NULL;
-            for (int64_t kvh = 0; kvh < num_kv_heads; kvh++)
+            for (int64_t k = 0; k < nkv; k++)
                 for (int64_t g0 = 0; g0 < qpk; g0 += GROUP) {
                     int heads = (int)(qpk - g0 < GROUP ? qpk - g0 : GROUP);
-                    int64_t first = kvh * qpk + g0;
+                    int64_t first = k * qpk + g0, kv_off = (kvh0 + k) * hs;
                     float *s = scores + first * seq;
-                    const char *pf = kvh == 0 && g0 == 0 ? next : NULL;
+                    const char *pf = k == 0 && g0 == 0 ? next : NULL;
 #define CASE(H, NV) case (H - 1) * MAX_VECS + NV - 1:                                                        \
-    if (pass == 0) decode_scores_avx512(s, maxs + first, q + first * hs * es, h, kvh * hs, H, NV, scale, p0, n, base, pf, bf); \
-    else decode_pv_avx512(acc + first * hs, s, h, kvh * hs, H, NV, p0, n, base, pf, bf);                            \
+    if (pass == 0) decode_scores_avx512(s, maxs + first, q + first * hs * es, h, kv_off, H, NV, scale, p0, n, base, pf, bf); \
+    else decode_pv_avx512(acc + first * hs, s, h, kv_off, H, NV, p0, n, base, pf, bf);                            \
     break;
                     switch ((heads - 1) * MAX_VECS + nv - 1) {
                         CASE(1, 4) CASE(2, 4) CASE(3, 4) CASE(4, 4) CASE(1, 8) CASE(2, 8) CASE(3, 8) CASE(4, 8)
                         default:
-                            if (pass == 0) decode_scores_avx512(s, maxs + first, q + first * hs * es, h, kvh * hs, heads,
+                            if (pass == 0) decode_scores_avx512(s, maxs + first, q + first * hs * es, h, kv_off, heads,
                                                                 nv, scale, p0, n, base, pf, bf);
-                            else decode_pv_avx512(acc + first * hs, s, h, kvh * hs, heads, nv, p0, n, base, pf, bf);
+                            else decode_pv_avx512(acc + first * hs, s, h, kv_off, heads, nv, p0, n, base, pf, bf);
                     }
 #undef CASE
                 }
@@ -693,7 +642,7 @@ void paged_attention(void *out, const void *query, const void *key_cache, const 
 #ifdef __AVX512F__
     whole = head_size % 16 == 0 && head_size <= 16 * MAX_VECS && decodes >= 2 * omp_get_max_threads();
 #endif
-    int64_t row_heads = whole ? num_heads : GROUP;  /* heads one row-path item holds scores for */
+    int64_t row_heads = whole ? num_heads : qpk > GROUP ? qpk : GROUP;  /* heads one row-path item holds scores for */
     int64_t *work = malloc(sizeof(int64_t) * 2 * (tiles > 0 ? tiles : 1)), k = 0;
     for (int64_t r = 0; r < num_reqs; r++)
         for (int64_t t = 0; t < query_start_loc[r + 1] - query_start_loc[r]; t += tile_tokens) {
@@ -711,7 +660,7 @@ void paged_attention(void *out, const void *query, const void *key_cache, const 
                          alloc64(sizeof(uint32_t) * tr * TILE_KV / 2)};
         float *scores = max_row_seq ? malloc(sizeof(float) * row_heads * max_row_seq) : NULL;
         float *acc = max_row_seq ? malloc(sizeof(float) * row_heads * head_size) : NULL;
-        float *maxs = whole ? malloc(sizeof(float) * 2 * num_heads) : NULL;
+        float *maxs = max_row_seq ? malloc(sizeof(float) * 2 * row_heads) : NULL;
 #pragma omp for schedule(dynamic, 1)
         for (int64_t item = 0; item < tiles * num_kv_heads; item++) {
             /* last tiles first: a request's later tiles see the most history */
@@ -734,31 +683,28 @@ void paged_attention(void *out, const void *query, const void *key_cache, const 
                 }
                 continue;
             }
+            for (int64_t t = 0; t < tokens; t++) {
+                h.seq_len = pos0 + t + 1;
+                const char *qt = q + t * q_stride * es;
+                char *ot = o + t * out_stride * es;
 #ifdef __AVX512F__
-            if (whole) {  /* item kvh 0 takes the request's every head; the others have nothing left */
-                if (kvh == 0 && tokens == 1) {
-                    h.seq_len = pos0 + 1;
-                    attend_decode_avx512(o, q, &h, num_kv_heads, qpk, scale, scores, acc, maxs, maxs + num_heads, bf);
+                if (head_size % 16 == 0 && head_size <= 16 * MAX_VECS) {
+                    /* whole: item kvh 0 takes the request's every head, the others have nothing left */
+                    int64_t nkv = whole ? num_kv_heads : 1;
+                    if (whole && kvh != 0) continue;
+                    if (bf) attend_decode_avx512(ot, qt, &h, kvh, nkv, qpk, scale, scores, acc, maxs, maxs + row_heads, 1);
+                    else attend_decode_avx512(ot, qt, &h, kvh, nkv, qpk, scale, scores, acc, maxs, maxs + row_heads, 0);
+                    continue;
                 }
-                continue;
-            }
 #endif
-            for (int64_t t = 0; t < tokens; t++)
                 for (int64_t first_head = 0; first_head < qpk; first_head += GROUP) {
                     int heads = (int)(qpk - first_head < GROUP ? qpk - first_head : GROUP);
-                    const char *qh = q + (t * q_stride + first_head * head_size) * es;
-                    char *oh = o + (t * out_stride + first_head * head_size) * es;
-                    h.seq_len = pos0 + t + 1;
-#ifdef __AVX512F__
-                    if (head_size % 16 == 0 && head_size <= 16 * MAX_VECS) {
-                        if (bf) attend_item_avx512(oh, head_size, qh, &h, heads, scale, scores, 1);
-                        else attend_item_avx512(oh, head_size, qh, &h, heads, scale, scores, 0);
-                        continue;
-                    }
-#endif
+                    const char *qh = qt + first_head * head_size * es;
+                    char *oh = ot + first_head * head_size * es;
                     if (bf) attend_generic(oh, head_size, qh, &h, heads, scale, scores, acc, 1);
                     else attend_generic(oh, head_size, qh, &h, heads, scale, scores, acc, 0);
                 }
+            }
         }
         free(b.s), free(b.o), free(b.m), free(b.l), free(b.alpha), free(b.n), free(b.q), free(b.off), free(b.kt);
         free(b.v), free(b.pw), free(scores), free(acc), free(maxs);
