@@ -12,7 +12,8 @@ Without a compiler, with MINIVLLM_CPU_KERNELS=0, or on any failure to load (a re
 dlopen error, a missing symbol), `available()` is False (logged once); which op then runs instead is
 decided once, in minivllm/_custom_ops.py. The ops take float32 and bfloat16 (arithmetic in float32,
 results rounded to bf16 where PyTorch's own ops round: see csrc/cpu/cpu_types.h). A tensor an op
-cannot take is a ValueError, never a silent detour. Left out: CUDA, fp16, fp8, torch.ops registration (ctypes stands in for it).
+cannot take is a ValueError, never a silent detour. Left out: CUDA, fp16, fp8, torch.ops registration
+(ctypes stands in for it).
 """
 from __future__ import annotations
 

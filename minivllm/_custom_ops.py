@@ -31,7 +31,7 @@ import torch
 # Importing the package first sets TRITON_INTERPRET on CPU-only machines, before any @triton.jit kernel is
 # decorated; the kernel modules themselves are imported on first use, so a CPU engine never loads Triton.
 import minivllm.kernels  # noqa: F401
-from minivllm import _C, envs
+from minivllm import _C, envs, platforms
 
 logger = logging.getLogger("minivllm")
 
@@ -44,6 +44,11 @@ ATTENTION_BACKENDS = {
                "Triton unified_attention (kernels/unified_attention.py)"),
 }
 SMALL_BATCH = 256  # rows up to which the C GEMM (gemm.c) runs a CPU linear; bigger batches go to oneDNN
+# In bf16 on a CPU with AMX, oneDNN runs its GEMMs on the tile units, which the panel kernel's dot products
+# cannot match once a GEMM is compute-bound: there the panels take only the batches bound by streaming the
+# weights. (Not measured on such a CPU yet: 16 is where the GEMMs of this kind of model stop being
+# bandwidth-bound on the AVX512_BF16 machine measured, benchmarks/decode_gemm.py.)
+BF16_SMALL_BATCH = 16 if "amx_bf16" in platforms.cpu_flags() else SMALL_BATCH
 
 
 def compiled_cpu_ops_serve(device: str | torch.device, dtype: torch.dtype | str | None) -> bool:
@@ -110,8 +115,9 @@ def pack_small_batch_linear(weight: torch.Tensor) -> torch.Tensor | None:
 
 def cpu_linear(x: torch.Tensor, onednn_weight: torch.Tensor, panels: torch.Tensor | None,
                bias: torch.Tensor | None, out_features: int) -> torch.Tensor:
-    """x [m, k] @ W^T + bias -> [m, n]: the C small-batch GEMM up to SMALL_BATCH rows, oneDNN above (by size)."""
-    if panels is not None and x.shape[0] <= SMALL_BATCH:
+    """x [m, k] @ W^T + bias -> [m, n]: the C small-batch GEMM up to SMALL_BATCH rows (BF16_SMALL_BATCH in
+    bf16), oneDNN above."""
+    if panels is not None and x.shape[0] <= (SMALL_BATCH if x.dtype == torch.float32 else BF16_SMALL_BATCH):
         return _C.linear_small_batch(x, panels, bias, out_features)
     return torch.ops.mkldnn._linear_pointwise(x, onednn_weight, bias, "none", [], "")
 

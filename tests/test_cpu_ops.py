@@ -134,7 +134,8 @@ ATTENTION_LAYOUTS = [
 
 # Forty decodes (and one chunk): enough for up to 20 threads to take a decode whole, every head in one item
 # (cpu_attn.c's attend_decode_avx512); STEP's single decode takes an item per KV head.
-DECODES = ([1] * 20 + [7] + [1] * 20, [(37 * i) % 150 + 1 for i in range(20)] + [30] + [(11 * i) % 90 for i in range(20)])
+DECODES = ([1] * 20 + [7] + [1] * 20,
+           [(37 * i) % 150 + 1 for i in range(20)] + [30] + [(11 * i) % 90 for i in range(20)])
 
 
 @pytest.mark.parametrize("step", [STEP, DECODES], ids=["mixed", "many-decodes"])

@@ -250,3 +250,10 @@ def test_the_cpu_gemm_is_picked_by_rows_in_one_place(monkeypatch):
         torch.testing.assert_close(ops.cpu_linear(x, onednn, panels, bias, 70), linear(x).detach(),
                                    rtol=1e-5, atol=1e-5)
     assert calls == [1, ops.SMALL_BATCH]  # the bigger batch went to oneDNN
+    if _C.linear_bf16_has_dp():  # bf16: up to BF16_SMALL_BATCH rows (fewer where AMX serves oneDNN)
+        weight, calls[:] = linear.weight.detach().bfloat16(), []
+        panels, onednn = ops.pack_small_batch_linear(weight), torch.ops.mkldnn._reorder_linear_weight(weight, 4096)
+        for rows in (1, ops.BF16_SMALL_BATCH, ops.BF16_SMALL_BATCH + 1):
+            x = torch.randn(rows, 40).bfloat16()
+            torch.testing.assert_close(ops.cpu_linear(x, onednn, panels, None, 70), x @ weight.T, rtol=2**-7, atol=1e-2)
+        assert calls == [1, ops.BF16_SMALL_BATCH]

@@ -45,7 +45,7 @@ class PackedLinear(nn.Module):
     panel kernel runs 1.2-1.8x faster than oneDNN at 1-32 rows and level with it up to 256; in bfloat16
     (where the library has AVX512_BF16: vdpbf16ps, float32 sums) it runs 1.5-1.7x faster at 1-8 rows,
     1.2-1.3x at 16-64 and level at 192-256, on a decode step's weights streamed from memory
-    (benchmarks/kernels.py). Without AVX512_BF16, bf16 goes to oneDNN at every size. The cost is a
+    (benchmarks/decode_gemm.py). Without AVX512_BF16, bf16 goes to oneDNN at every size. The cost is a
     second copy of each weight. Packing is a layout change only; results agree with F.linear to the
     dtype's rounding.
     """
