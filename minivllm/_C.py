@@ -11,9 +11,8 @@ runs on torch's own OpenMP thread pool (the same libgomp), so `torch.set_num_thr
 Without a compiler, with MINIVLLM_CPU_KERNELS=0, or on any failure to load (a refused folder, a
 dlopen error, a missing symbol), `available()` is False (logged once); which op then runs instead is
 decided once, in minivllm/_custom_ops.py. The ops take float32 and bfloat16 (arithmetic in float32,
-results rounded to bf16 where PyTorch's own ops round: see csrc/cpu/cpu_types.h). A tensor an op
-cannot take is a ValueError, never a silent detour. Left out: CUDA, fp16, fp8, torch.ops registration
-(ctypes stands in for it).
+results rounded to bf16 where PyTorch's own ops round: see csrc/cpu/cpu_types.h). A tensor an op cannot
+take is a ValueError, never a silent detour. Left out: CUDA, fp16, fp8, torch.ops registration (ctypes instead).
 """
 from __future__ import annotations
 
@@ -51,8 +50,7 @@ SIGNATURES: dict[str, tuple[list, object]] = {
     "panel_width": ([], _I64),
     "pack_linear_weight": ([_P, _P, _I64, _I64], None),
     "linear_small_batch": ([_P, _P, _P, _P, _I64, _I64, _I64, _I64], None),
-    # () -> 1 where the AVX512_BF16 tile is built in / packed, weight, n, k / out, x, packed, bias, m, n, k, x_stride
-    "linear_bf16_has_dp": ([], _INT),
+    "linear_bf16_has_dp": ([], _INT),  # () -> 1 where the AVX512_BF16 tile is built in; then as the float32 pair
     "pack_linear_weight_bf16": ([_P, _P, _I64, _I64], None),
     "linear_small_batch_bf16": ([_P, _P, _P, _P, _I64, _I64, _I64, _I64], None),
 }
@@ -222,9 +220,8 @@ def linear_bf16_has_dp() -> bool:
 
 
 def pack_linear_weight(weight: torch.Tensor) -> torch.Tensor:
-    """W [n, k] -> the panels linear_small_batch streams: float32 [cdiv(n, 32), k, 32], bf16 [cdiv(n, 32),
-    cdiv(k, 2), 32, 2] (k in pairs, for dot-product instructions); columns (and an odd k's partner) past the
-    weight are zero."""
+    """W [n, k] -> linear_small_batch's panels: float32 [cdiv(n, 32), k, 32], bf16 [cdiv(n, 32), cdiv(k, 2), 32, 2]
+    (k in pairs for dot products); columns (and an odd k's partner) past the weight are zero."""
     if weight.dtype not in DTYPES:
         raise ValueError(f"the small-batch linear takes float32 or bfloat16 weights, got {weight.dtype}")
     n, k = weight.shape
@@ -240,15 +237,14 @@ def pack_linear_weight(weight: torch.Tensor) -> torch.Tensor:
 
 
 def linear_small_batch(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, n: int) -> torch.Tensor:
-    """x [m, k] (rows may be strided) @ W^T + bias -> [m, n], W given as pack_linear_weight's panels (x, W and
-    bias in one dtype; bf16 sums in float32 and rounds once, after the bias)."""
+    """x [m, k] (rows may be strided) @ W^T + bias -> [m, n], W as pack_linear_weight's panels, all one dtype."""
     bf = _dtype(x, packed, *([] if bias is None else [bias]))
     k = x.shape[-1]
     if packed.shape[1] != (cdiv(k, 2) if bf else k):
         raise ValueError(f"x has {k} columns but the panels {tuple(packed.shape)} were packed for another width")
     x_stride = _rows(x, k)
     out = torch.empty(x.shape[0], n, dtype=x.dtype)
-    fn = _lib.linear_small_batch_bf16 if bf else _lib.linear_small_batch
-    fn(out.data_ptr(), x.data_ptr(), packed.data_ptr(), None if bias is None else bias.data_ptr(), x.shape[0], n, k,
-       x_stride)
+    (_lib.linear_small_batch_bf16 if bf else _lib.linear_small_batch)(
+        out.data_ptr(), x.data_ptr(), packed.data_ptr(), None if bias is None else bias.data_ptr(), x.shape[0], n, k,
+        x_stride)
     return out
