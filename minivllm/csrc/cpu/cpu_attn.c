@@ -23,9 +23,9 @@
  *  - Rows (decodes): one query token, three passes over the history (scores, softmax, P.V), a KV block
  *    at a time with the next block fetched meanwhile. With one query row there is nothing to share a
  *    packed tile with, and this path is the faster one for it. With at least two decodes per thread (and
- *    AVX-512) a decode is one item for all its heads (the block's rows, every KV head, read together: on
- *    30 layers' caches, memory-bound, 1.15-1.2x faster than an item per KV head); with fewer, an item per
- *    KV head spreads a request over the threads.
+ *    AVX-512) a decode is one item for all its heads, the block's rows (every KV head) read together; with
+ *    fewer, an item per KV head spreads a request over the threads. On 30 layers' caches (memory-bound)
+ *    decode attention ran 1.1-1.2x faster than with the previous row path (README, "Decode kernels").
  *
  * Arithmetic per build (-march=native; the library is built per CPU). Tiles: bf16 with AVX512_BF16 runs
  * both products as vdpbf16ps (pairs of bf16, float32 sums; the probabilities are rounded to bf16 for P.V,
@@ -240,8 +240,7 @@ AI void decode_pv_avx512(float *acc, const float *s, const History *h, int64_t k
  * a time: every one of the item's KV heads in a block is done before the next block, whose rows are fetched
  * meanwhile. With nkv = num_kv_heads (a whole decode per item) the block's rows, which lie back to back in the
  * cache, are read whole; an item per KV head (nkv = 1) reads its third of each row (for SmolLM2) and leaves
- * the rest to other items, which on 30 layers' caches ran 1.15-1.2x slower. nv and bf are constants after
- * inlining where the caller passes literals. */
+ * the rest to other items. nv and bf are constants after inlining where the caller passes literals. */
 AI void attend_decode_avx512(char *out, const char *q, const History *h, int64_t kvh0, int64_t nkv, int64_t qpk,
                              float scale, float *scores, float *acc, float *maxs, float *inv, int bf) {
     int64_t hs = h->head_size, heads_total = nkv * qpk, seq = h->seq_len, bs = h->block_size, es = elem_size(bf);
