@@ -227,19 +227,17 @@ def pack_linear_weight(weight: torch.Tensor) -> torch.Tensor:
     n, k = weight.shape
     weight = weight.detach().contiguous()
     panel = _lib.panel_width()
-    if weight.dtype == torch.float32:
-        packed = torch.empty(cdiv(n, panel), k, panel, dtype=weight.dtype)
-        _lib.pack_linear_weight(packed.data_ptr(), weight.data_ptr(), n, k)
-    else:
-        packed = torch.empty(cdiv(n, panel), cdiv(k, 2), panel, 2, dtype=weight.dtype)
-        _lib.pack_linear_weight_bf16(packed.data_ptr(), weight.data_ptr(), n, k)
+    bf = weight.dtype == torch.bfloat16
+    packed = torch.empty(cdiv(n, panel), *((cdiv(k, 2), panel, 2) if bf else (k, panel)), dtype=weight.dtype)
+    (_lib.pack_linear_weight_bf16 if bf else _lib.pack_linear_weight)(packed.data_ptr(), weight.data_ptr(), n, k)
     return packed
 
 
 def linear_small_batch(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, n: int) -> torch.Tensor:
     """x [m, k] (rows may be strided) @ W^T + bias -> [m, n], W as pack_linear_weight's panels, all one dtype."""
-    bf = _dtype(x, packed, *([] if bias is None else [bias]))
-    k = x.shape[-1]
+    if x.dtype != packed.dtype or (bias is not None and bias.dtype != packed.dtype):  # cheap: 121 calls a step
+        _dtype(x, packed, *([] if bias is None else [bias]))  # raises, naming the dtypes
+    bf, k = packed.dtype == torch.bfloat16, x.shape[-1]
     if packed.shape[1] != (cdiv(k, 2) if bf else k):
         raise ValueError(f"x has {k} columns but the panels {tuple(packed.shape)} were packed for another width")
     x_stride = _rows(x, k)

@@ -20,6 +20,33 @@
 
 int64_t panel_width(void) { return PANEL; }  /* the packed layout's panel, read by _C.py */
 
+/* Both dtypes' GEMMs: threads split the panels (PANEL_ELEMS elements each); each panel's rows go to the tile
+ * ROW_CASES calls, at most MAX_ROWS at a time, with the row count a constant in every case so that the
+ * tile's accumulators stay in registers. Expects out, x, packed, bias, m, n, k, x_stride in scope. */
+#define PANEL_LOOP(T, MAX_ROWS, PANEL_ELEMS, ROW_CASES)                                                     \
+    do {                                                                                                     \
+        int64_t panels = (n + PANEL - 1) / PANEL;                                                            \
+        _Pragma("omp parallel for schedule(static)")                                                         \
+        for (int64_t p = 0; p < panels; p++) {                                                               \
+            const T *panel = packed + p * (PANEL_ELEMS), *b = bias ? bias + p * PANEL : NULL;                \
+            int64_t cols = n - p * PANEL < PANEL ? n - p * PANEL : PANEL;                                    \
+            for (int64_t r0 = 0; r0 < m; r0 += MAX_ROWS) {                                                   \
+                T *o = out + r0 * n + p * PANEL;                                                             \
+                const T *xr = x + r0 * x_stride;                                                             \
+                switch (m - r0 < MAX_ROWS ? m - r0 : MAX_ROWS) { ROW_CASES }                                 \
+            }                                                                                                \
+        }                                                                                                    \
+    } while (0)
+#define ROWS_1_TO_8(F) F(1) F(2) F(3) F(4) F(5) F(6) F(7) F(8)
+
+#ifdef __AVX512F__
+/* Which of a panel's two 16-column vectors' lanes hold one of its first `cols` columns. */
+AI __mmask16 panel_mask(int64_t cols, int half) {
+    int64_t c = cols - 16 * half;
+    return c >= 16 ? (__mmask16)0xFFFF : c <= 0 ? (__mmask16)0 : (__mmask16)((1u << c) - 1);
+}
+#endif
+
 void pack_linear_weight(float *packed, const float *weight, int64_t n, int64_t k) {
     int64_t panels = (n + PANEL - 1) / PANEL;
 #pragma omp parallel for schedule(static)
@@ -58,8 +85,7 @@ AI void linear_tile(float *out, int64_t out_stride, const float *x, int64_t x_st
             acc[r][1] = _mm512_fmadd_ps(xv, w1, acc[r][1]);
         }
     }
-    __mmask16 m0 = cols >= 16 ? 0xFFFF : (__mmask16)((1u << cols) - 1);
-    __mmask16 m1 = cols >= 32 ? 0xFFFF : cols <= 16 ? 0 : (__mmask16)((1u << (cols - 16)) - 1);
+    __mmask16 m0 = panel_mask(cols, 0), m1 = panel_mask(cols, 1);
     __m512 b0 = bias ? _mm512_maskz_loadu_ps(m0, bias) : _mm512_setzero_ps();
     __m512 b1 = bias ? _mm512_maskz_loadu_ps(m1, bias + 16) : _mm512_setzero_ps();
     for (int r = 0; r < rows; r++) {
@@ -71,26 +97,9 @@ AI void linear_tile(float *out, int64_t out_stride, const float *x, int64_t x_st
 
 void linear_small_batch(float *out, const float *x, const float *packed, const float *bias, int64_t m, int64_t n,
                         int64_t k, int64_t x_stride) {
-    int64_t panels = (n + PANEL - 1) / PANEL;
-#pragma omp parallel for schedule(static)
-    for (int64_t p = 0; p < panels; p++) {
-        const float *panel = packed + p * k * PANEL, *b = bias ? bias + p * PANEL : NULL;
-        int64_t cols = n - p * PANEL < PANEL ? n - p * PANEL : PANEL;
-        for (int64_t r0 = 0; r0 < m; r0 += ROWS) {
-            float *o = out + r0 * n + p * PANEL;
-            const float *xr = x + r0 * x_stride;
-            switch (m - r0 < ROWS ? m - r0 : ROWS) {  /* constant row counts let the tile stay in registers */
-                case 1: linear_tile(o, n, xr, x_stride, panel, k, b, cols, 1); break;
-                case 2: linear_tile(o, n, xr, x_stride, panel, k, b, cols, 2); break;
-                case 3: linear_tile(o, n, xr, x_stride, panel, k, b, cols, 3); break;
-                case 4: linear_tile(o, n, xr, x_stride, panel, k, b, cols, 4); break;
-                case 5: linear_tile(o, n, xr, x_stride, panel, k, b, cols, 5); break;
-                case 6: linear_tile(o, n, xr, x_stride, panel, k, b, cols, 6); break;
-                case 7: linear_tile(o, n, xr, x_stride, panel, k, b, cols, 7); break;
-                default: linear_tile(o, n, xr, x_stride, panel, k, b, cols, 8); break;
-            }
-        }
-    }
+#define F32_CASE(R) case R: linear_tile(o, n, xr, x_stride, panel, k, b, cols, R); break;
+    PANEL_LOOP(float, ROWS, k * PANEL, ROWS_1_TO_8(F32_CASE));
+#undef F32_CASE
 }
 
 /* ---- bfloat16: the same panels, with k taken in pairs ---------------------------------------------------------
@@ -145,8 +154,7 @@ AI void linear_tile_bf16(uint16_t *out, int64_t out_stride, const uint16_t *x, i
             acc[r][1] = _mm512_dpbf16_ps(acc[r][1], xv, w1);
         }
     }
-    __mmask16 m0 = cols >= 16 ? 0xFFFF : (__mmask16)((1u << cols) - 1);
-    __mmask16 m1 = cols >= 32 ? 0xFFFF : cols <= 16 ? 0 : (__mmask16)((1u << (cols - 16)) - 1);
+    __mmask16 m0 = panel_mask(cols, 0), m1 = panel_mask(cols, 1);
     __m512 b0 = _mm512_setzero_ps(), b1 = _mm512_setzero_ps();
     if (bias) {
         b0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m0, bias)), 16));
@@ -180,28 +188,8 @@ AI void linear_tile_bf16(uint16_t *out, int64_t out_stride, const uint16_t *x, i
 
 void linear_small_batch_bf16(uint16_t *out, const uint16_t *x, const uint16_t *packed, const uint16_t *bias,
                              int64_t m, int64_t n, int64_t k, int64_t x_stride) {
-    int64_t panels = (n + PANEL - 1) / PANEL, panel_size = (k + 1) / 2 * 2 * PANEL;
-#pragma omp parallel for schedule(static)
-    for (int64_t p = 0; p < panels; p++) {
-        const uint16_t *panel = packed + p * panel_size, *b = bias ? bias + p * PANEL : NULL;
-        int64_t cols = n - p * PANEL < PANEL ? n - p * PANEL : PANEL;
-        for (int64_t r0 = 0; r0 < m; r0 += ROWS_BF16) {
-            uint16_t *o = out + r0 * n + p * PANEL;
-            const uint16_t *xr = x + r0 * x_stride;
-            switch (m - r0 < ROWS_BF16 ? m - r0 : ROWS_BF16) {
-                case 1: linear_tile_bf16(o, n, xr, x_stride, panel, k, b, cols, 1); break;
-                case 2: linear_tile_bf16(o, n, xr, x_stride, panel, k, b, cols, 2); break;
-                case 3: linear_tile_bf16(o, n, xr, x_stride, panel, k, b, cols, 3); break;
-                case 4: linear_tile_bf16(o, n, xr, x_stride, panel, k, b, cols, 4); break;
-                case 5: linear_tile_bf16(o, n, xr, x_stride, panel, k, b, cols, 5); break;
-                case 6: linear_tile_bf16(o, n, xr, x_stride, panel, k, b, cols, 6); break;
-                case 7: linear_tile_bf16(o, n, xr, x_stride, panel, k, b, cols, 7); break;
-                case 8: linear_tile_bf16(o, n, xr, x_stride, panel, k, b, cols, 8); break;
-                case 9: linear_tile_bf16(o, n, xr, x_stride, panel, k, b, cols, 9); break;
-                case 10: linear_tile_bf16(o, n, xr, x_stride, panel, k, b, cols, 10); break;
-                case 11: linear_tile_bf16(o, n, xr, x_stride, panel, k, b, cols, 11); break;
-                default: linear_tile_bf16(o, n, xr, x_stride, panel, k, b, cols, 12); break;
-            }
-        }
-    }
+#define BF16_CASE(R) case R: linear_tile_bf16(o, n, xr, x_stride, panel, k, b, cols, R); break;
+    PANEL_LOOP(uint16_t, ROWS_BF16, (k + 1) / 2 * 2 * PANEL, ROWS_1_TO_8(BF16_CASE) BF16_CASE(9) BF16_CASE(10)
+               BF16_CASE(11) BF16_CASE(12));
+#undef BF16_CASE
 }
