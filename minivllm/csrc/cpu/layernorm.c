@@ -8,7 +8,8 @@
 #include "ops.h"
 
 AI void rms_norm_row(void *out, const void *x, const void *weight, int64_t hidden, float eps, int bf) {
-    double sum = 0.0;  /* mean of squares accumulated in double: exact enough to be order-independent */
+    double sum = 0.0;  /* mean of squares accumulated in double: exact enough to be order-independent, so */
+#pragma omp simd reduction(+ : sum)  /* it is summed in vector lanes (a serial sum: 4 cycles an element) */
     for (int64_t i = 0; i < hidden; i++) {
         double v = load(x, i, bf);
         sum += v * v;
