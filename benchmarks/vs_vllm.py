@@ -8,6 +8,11 @@ all of them. Every round starts with the prefix cache reset in both engines, so 
 (the workload repeats, and a warm cache would turn rounds 2+ into cache hits). Every round is printed, then
 the best and the median of each, and how often the two bf16 engines' greedy tokens agree (where bf16 rounding lets them part, the first differing position is printed).
 
+Last, the workload's physical floor on this machine, step by step (`step_floor`): the prefill of every prompt at
+the GEMM rate measured here, then each decode step at the slower of streaming the weights (the bandwidth
+measured here) and its FLOPs, plus its reads of the KV cache; everything else counts as free. Each system's best
+is printed as a fraction of the floor's speed, and 1.5x vLLM's best is set beside the floor.
+
     python benchmarks/vs_vllm.py --vllm-python /work/vllm-cpu-venv/bin/python --rounds 3
 """
 from __future__ import annotations
@@ -95,6 +100,36 @@ def main(argv=None) -> None:
         print(f"{name:<16}{min(t):>9.2f}{requested / min(t):>9.1f}{base / min(t):>9.2f}x{median:>10.2f}"
               f"{base_median / median:>9.2f}x")
     compare_tokens(engines["bfloat16"], prompts, max_tokens, json.loads(vllm_tokens.read_text()))
+    import torch
+    config = AutoConfig.from_pretrained(folder)
+    nbytes = (config.num_hidden_layers * throughput.layer_weights(config) + config.hidden_size * config.vocab_size) * 2
+    rate, bandwidth = throughput.matmul_rate("cpu", torch.bfloat16), throughput.memory_bandwidth("cpu", nbytes)
+    prefill, decode = step_floor(config, prompts, max_tokens, 2, rate, bandwidth)
+    floor, target = prefill + decode, base / 1.5
+    print(f"floor (bf16, {rate / 1e9:.0f} GFLOP/s, {bandwidth / 1e9:.1f} GB/s measured now): {floor:.2f} s = prefill "
+          f"{prefill:.2f} s + {max(max_tokens) - 1} decode steps {decode:.2f} s; 1.5x vLLM's best would be "
+          f"{target:.2f} s, {floor / target:.0%} of the floor's speed; best bf16 runs: " + ", ".join(
+              f"{n} {floor / min(t):.0%}" for n, t in times.items() if "bf" in n))
+
+
+def step_floor(config, prompts, max_tokens, dtype_bytes: int, rate: float, bandwidth: float) -> tuple[float, float]:
+    """The least time (prefill s, decode s) the workload can take at `rate` FLOP/s and `bandwidth` bytes/s: every
+    prompt in one step (2 FLOPs per weight per prompt token; lm_head only on each prompt's last row), then one
+    step per further token, each at least the slower of streaming every weight once and its FLOPs (2 per weight
+    per request still generating), plus reading each such request's K and V. Attention arithmetic, norms and
+    everything between the GEMMs count as free, so no engine reaches it."""
+    layers = config.num_hidden_layers * throughput.layer_weights(config)
+    head = config.hidden_size * config.vocab_size
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", config.num_attention_heads)
+    kv_per_token = config.num_hidden_layers * 2 * kv_heads * head_dim * dtype_bytes
+    prefill = (2 * layers * sum(map(len, prompts)) + 2 * head * len(prompts)) / rate
+    decode = 0.0
+    for step in range(1, max(max_tokens)):  # step s feeds back each request's token s (the first came with prefill)
+        active = [len(p) + step for p, n in zip(prompts, max_tokens) if n > step]  # their sequence lengths
+        decode += max((layers + head) * dtype_bytes / bandwidth, 2 * (layers + head) * len(active) / rate)
+        decode += sum(active) * kv_per_token / bandwidth
+    return prefill, decode
 
 
 def timed(engine, prompts, max_tokens) -> float:
