@@ -105,20 +105,23 @@ def usable(*tensors: torch.Tensor) -> bool:
 
 def _dtype(*tensors: torch.Tensor) -> int:
     """The C code for the tensors' one dtype; a ValueError for a mix or a dtype it does not take."""
-    dtypes = {t.dtype for t in tensors}
-    if len(dtypes) != 1 or tensors[0].dtype not in DTYPES:
-        raise ValueError(f"the compiled ops take float32 or bfloat16 tensors of one dtype, got "
-                         f"{sorted(map(str, dtypes))}: run the model in float32 or bfloat16, or keep the CPU ops "
-                         f"off (MINIVLLM_CPU_KERNELS=0, attention_backend='torch')")
+    for t in tensors:  # a loop, not a set: this runs for every op of every layer
+        if t.dtype != tensors[0].dtype or t.dtype not in DTYPES:
+            got = sorted({str(t.dtype) for t in tensors})
+            raise ValueError(f"the compiled ops take float32 or bfloat16 tensors of one dtype, got {got}: run the "
+                             "model in float32 or bfloat16, or keep the CPU ops off (MINIVLLM_CPU_KERNELS=0, "
+                             "attention_backend='torch')")
     return DTYPES[tensors[0].dtype]
 
 
 _ANY_LAYOUT = " (the 'torch' attention backend takes any layout)"
 
 
-def heads_contiguous(*tensors: torch.Tensor) -> bool:
-    """[num_tokens, heads, head_size] views whose heads sit back to back within each token (tokens at any stride)."""
-    return all(t.dim() == 3 and t.stride(2) == 1 and t.stride(1) == t.shape[2] for t in tensors)
+def heads_contiguous(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Two [num_tokens, heads, head_size] views whose heads sit back to back within each token (tokens at any
+    stride). Written out for two (no generator): it runs for three ops of every layer."""
+    return (a.dim() == 3 and a.stride(2) == 1 and a.stride(1) == a.shape[2] and b.dim() == 3 and b.stride(2) == 1
+            and b.stride(1) == b.shape[2])
 
 
 def _rows(x: torch.Tensor, width: int) -> int:
@@ -226,8 +229,7 @@ def pack_linear_weight(weight: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"the small-batch linear takes float32 or bfloat16 weights, got {weight.dtype}")
     n, k = weight.shape
     weight = weight.detach().contiguous()
-    panel = _lib.panel_width()
-    bf = weight.dtype == torch.bfloat16
+    panel, bf = _lib.panel_width(), weight.dtype == torch.bfloat16
     packed = torch.empty(cdiv(n, panel), *((cdiv(k, 2), panel, 2) if bf else (k, panel)), dtype=weight.dtype)
     (_lib.pack_linear_weight_bf16 if bf else _lib.pack_linear_weight)(packed.data_ptr(), weight.data_ptr(), n, k)
     return packed

@@ -58,10 +58,10 @@ class PackedLinear(nn.Module):
         self.bias = None if bias is None else bias.detach()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        x = x.reshape(-1, self.in_features)
-        out = ops.cpu_linear(x, self.packed, self.panels, self.bias, self.out_features)
-        return out.view(*shape[:-1], self.out_features)
+        if x.dim() == 2:  # the models' [num_tokens, hidden]: no reshape and view (~4 us a call, 121 calls a step)
+            return ops.cpu_linear(x, self.packed, self.panels, self.bias, self.out_features)
+        out = ops.cpu_linear(x.reshape(-1, self.in_features), self.packed, self.panels, self.bias, self.out_features)
+        return out.view(*x.shape[:-1], self.out_features)
 
 
 class PackableWeight:
