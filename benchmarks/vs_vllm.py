@@ -27,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import torch
+
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
@@ -68,8 +70,9 @@ def main(argv=None) -> None:
     from minivllm.models.loader import resolve_model
     from transformers import AutoConfig
     folder = str(resolve_model(args.model))
+    config = AutoConfig.from_pretrained(folder)
     w = throughput.parse_args([])
-    prompts, max_tokens = throughput.make_workload(w, AutoConfig.from_pretrained(folder).vocab_size)
+    prompts, max_tokens = throughput.make_workload(w, config.vocab_size)
     tmp = Path(tempfile.mkdtemp())
     workload, vllm_tokens = tmp / "workload.json", tmp / "vllm_tokens.json"
     workload.write_text(json.dumps({"prompt_token_ids": prompts, "max_tokens": max_tokens}))
@@ -100,8 +103,6 @@ def main(argv=None) -> None:
         print(f"{name:<16}{min(t):>9.2f}{requested / min(t):>9.1f}{base / min(t):>9.2f}x{median:>10.2f}"
               f"{base_median / median:>9.2f}x")
     compare_tokens(engines["bfloat16"], prompts, max_tokens, json.loads(vllm_tokens.read_text()))
-    import torch
-    config = AutoConfig.from_pretrained(folder)
     nbytes = (config.num_hidden_layers * throughput.layer_weights(config) + config.hidden_size * config.vocab_size) * 2
     rate, bandwidth = throughput.matmul_rate("cpu", torch.bfloat16), throughput.memory_bandwidth("cpu", nbytes)
     prefill, decode = step_floor(config, prompts, max_tokens, 2, rate, bandwidth)

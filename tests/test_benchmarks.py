@@ -113,13 +113,13 @@ def test_decode_gemm_benchmark_runs_both_kernels(capsys, monkeypatch):
         assert text in out
 
 
-def test_the_offline_comparison_floor_is_the_sum_of_its_steps():
+def test_the_offline_comparison_floor_is_the_sum_of_its_steps(monkeypatch):
     """vs_vllm.step_floor on a toy model, by hand: one layer of 22 weights (hidden 2, one head of 2, MLP 1), lm_head
     of 6; rate, bandwidth and dtype size 1. Prefill: 2 x 22 x 4 prompt tokens + 2 x 6 x 2 last rows = 200. Decode:
     steps 1 and 2 for the request of 3 tokens only, each max(28 bytes, 56 FLOPs) plus 4 bytes of K/V per position
     at sequence lengths 4 and 5: 72 + 76."""
     from types import SimpleNamespace
-    sys.path.insert(0, "benchmarks")
+    monkeypatch.syspath_prepend("benchmarks")
     import vs_vllm
     config = SimpleNamespace(num_hidden_layers=1, hidden_size=2, intermediate_size=1, num_attention_heads=1,
                              num_key_value_heads=1, vocab_size=3)
