@@ -74,7 +74,7 @@ def floors(args, folder: str) -> dict:
     from transformers import AutoConfig
     config = AutoConfig.from_pretrained(folder)
     dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
-    params = config.num_hidden_layers * throughput.layer_weights(config) + config.hidden_size * config.vocab_size
+    params = throughput.model_weights(config)
     weight_bytes = params * torch.finfo(dtype).bits // 8
     rate = throughput.matmul_rate("cpu", dtype)
     bandwidth = throughput.memory_bandwidth("cpu", weight_bytes)

@@ -79,6 +79,11 @@ def layer_weights(config) -> int:
     return h * heads * hd + 2 * h * kv * hd + heads * hd * h + 3 * h * inter
 
 
+def model_weights(config) -> int:
+    """Matmul weights one forward pass reads: every layer's and lm_head's (the embedding only by row)."""
+    return config.num_hidden_layers * layer_weights(config) + config.hidden_size * config.vocab_size
+
+
 def workload_flops(config, prompts, max_tokens) -> float:
     """FLOPs the workload needs: 2 per weight per processed token, lm_head per generated token, attention."""
     h, layers, heads = config.hidden_size, config.num_hidden_layers, config.num_attention_heads
@@ -255,8 +260,7 @@ def main(argv=None):
 
 def print_floor(args, config, dtype, peak, flops, passes, best) -> None:
     """The physical floor in `dtype` and each minivllm run's distance to it (see the module docstring)."""
-    # what one forward pass must read: every layer's matmul weights and lm_head (the embedding only by row)
-    params = config.num_hidden_layers * layer_weights(config) + config.vocab_size * config.hidden_size
+    params = model_weights(config)
     nbytes = params * torch.finfo(dtype).bits // 8
     stream = passes * nbytes / memory_bandwidth(args.device, nbytes)
     compute = flops / peak

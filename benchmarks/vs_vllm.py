@@ -103,7 +103,7 @@ def main(argv=None) -> None:
         print(f"{name:<16}{min(t):>9.2f}{requested / min(t):>9.1f}{base / min(t):>9.2f}x{median:>10.2f}"
               f"{base_median / median:>9.2f}x")
     compare_tokens(engines["bfloat16"], prompts, max_tokens, json.loads(vllm_tokens.read_text()))
-    nbytes = (config.num_hidden_layers * throughput.layer_weights(config) + config.hidden_size * config.vocab_size) * 2
+    nbytes = throughput.model_weights(config) * 2
     rate, bandwidth = throughput.matmul_rate("cpu", torch.bfloat16), throughput.memory_bandwidth("cpu", nbytes)
     prefill, decode = step_floor(config, prompts, max_tokens, 2, rate, bandwidth)
     floor, target = prefill + decode, base / 1.5
@@ -119,16 +119,15 @@ def step_floor(config, prompts, max_tokens, dtype_bytes: int, rate: float, bandw
     step per further token, each at least the slower of streaming every weight once and its FLOPs (2 per weight
     per request still generating), plus reading each such request's K and V. Attention arithmetic, norms and
     everything between the GEMMs count as free, so no engine reaches it."""
-    layers = config.num_hidden_layers * throughput.layer_weights(config)
-    head = config.hidden_size * config.vocab_size
+    weights, head = throughput.model_weights(config), config.hidden_size * config.vocab_size
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", config.num_attention_heads)
     kv_per_token = config.num_hidden_layers * 2 * kv_heads * head_dim * dtype_bytes
-    prefill = (2 * layers * sum(map(len, prompts)) + 2 * head * len(prompts)) / rate
+    prefill = (2 * (weights - head) * sum(map(len, prompts)) + 2 * head * len(prompts)) / rate
     decode = 0.0
     for step in range(1, max(max_tokens)):  # step s feeds back each request's token s (the first came with prefill)
         active = [len(p) + step for p, n in zip(prompts, max_tokens) if n > step]  # their sequence lengths
-        decode += max((layers + head) * dtype_bytes / bandwidth, 2 * (layers + head) * len(active) / rate)
+        decode += max(weights * dtype_bytes / bandwidth, 2 * weights * len(active) / rate)
         decode += sum(active) * kv_per_token / bandwidth
     return prefill, decode
 
