@@ -26,7 +26,7 @@ class RejectionSampler:
         i's rows one per draft, in order; md: one row per draft row (each request's params repeated).
         Returns each request's output tokens: its kept drafts, then the replacement or the bonus token."""
         logits = target_logits.float()
-        greedy = logits.argmax(dim=-1).tolist()  # [num_draft_rows]
+        greedy = Sampler.greedy_sample(logits).tolist()  # [num_draft_rows]
         probs = None if md.all_greedy else Sampler.compute_probs(logits, md)  # [num_draft_rows, vocab]
         temperature = md.temperature.tolist()
         outputs, row = [], 0
