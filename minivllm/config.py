@@ -130,7 +130,7 @@ class EngineConfig:
     node_rank: int = 0  # this machine's index; 0 runs EngineCore and the driver rank
     master_addr: str = "127.0.0.1"  # where rank 0's torch.distributed TCP store listens
     master_port: int = 29501  # its port (vLLM's default)
-    enforce_eager: bool = False  # a no-op: minivllm never captures CUDA graphs or compiles
+    enforce_eager: bool = False  # True: no CPU graphs (minivllm/compilation/cpu_graph.py); as vLLM, eager only
     profiler_config: dict | None = None  # {"profiler": "torch", "torch_profiler_dir": ...}
     # {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": ..., "prompt_lookup_min": ...}
     speculative_config: dict | None = None

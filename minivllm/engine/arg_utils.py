@@ -50,7 +50,7 @@ HELP = {
     "node_rank": "this machine's index among nnodes; the others run with --headless",
     "master_addr": "address of node 0, where rank 0's torch.distributed TCP store listens",
     "master_port": "port of that TCP store",
-    "enforce_eager": "accepted for vLLM compatibility; a no-op (minivllm always runs eagerly)",
+    "enforce_eager": "run every step eagerly: no CPU graphs for decode batches (vLLM: no CUDA graphs)",
     "profiler_config": 'JSON, e.g. \'{"profiler": "torch", "torch_profiler_dir": "./profile"}\'',
     "speculative_config": 'JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}\' '
                           "(n-gram prompt lookup: drafts from the request's own tokens, verified in one forward)",

@@ -51,8 +51,9 @@ class Executor:
         return self.collective_rpc("determine_available_memory")
 
     def initialize_from_config(self, kv_cache_config: KVCacheConfig) -> None:
-        """Every worker allocates the same pool."""
+        """Every worker allocates the same pool, then captures its CPU graphs (vLLM: its CUDA graphs)."""
         self.collective_rpc("initialize_from_config", args=(kv_cache_config,))
+        self.collective_rpc("compile_or_warm_up_model")
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         """One step on every worker; the driver rank's output is the step's."""

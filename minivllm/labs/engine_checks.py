@@ -37,8 +37,9 @@ def get_llm():
     if key not in _LLMS:
         from minivllm import LLM
         extra = dict(speculative_config=NGRAM, max_model_len=SPEC_MAX_MODEL_LEN) if SPECULATIVE else {}
+        # enforce_eager: a replayed CPU graph would skip a student's Python in the decode steps
         _LLMS[key] = LLM(multiprocess=False, block_size=8, num_gpu_blocks_override=12, attention_backend=BACKEND,
-                         **extra)
+                         enforce_eager=True, **extra)
     return _LLMS[key]
 
 

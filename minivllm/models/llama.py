@@ -1,7 +1,9 @@
 """Mirror of vllm/model_executor/models/llama.py: Llama over packed tokens.
 
 `forward(input_ids, positions)` takes the flat [num_tokens] batch; attention
-metadata arrives through forward_context, never through this signature.
+metadata arrives through forward_context, never through this signature. As vLLM's,
+`inputs_embeds` may stand in for input_ids (`get_input_embeddings` makes them): the
+CPU graphs (minivllm/compilation/cpu_graph.py) look up the embeddings before the replay.
 q/k/v and gate/up are fused into one matmul each; `load_weights` hands each of HF's
 separate tensors to its fused parameter's weight_loader, which keeps this rank's slice.
 Under tensor parallelism each worker builds the same model with its shard of every layer
@@ -103,8 +105,14 @@ class LlamaModel(nn.Module):
                                     for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        hidden_states, residual = self.embed_tokens(input_ids), None  # [num_tokens, hidden_size]
+    def get_input_embeddings(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.embed_tokens(input_ids)
+
+    def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor,
+                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+        # [num_tokens, hidden_size]; inputs_embeds given (a replayed CPU graph's input): the lookup ran already
+        hidden_states = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+        residual = None
         for layer in self.layers:
             hidden_states, residual = layer(positions, hidden_states, residual)
         return self.norm(hidden_states, residual)[0]
@@ -125,8 +133,12 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head.tie_weights(self.model.embed_tokens)
         self.logits_processor = LogitsProcessor(config.vocab_size)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids, positions)
+    def get_input_embeddings(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.get_input_embeddings(input_ids)
+
+    def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor,
+                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+        return self.model(input_ids, positions, inputs_embeds)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.logits_processor(self.lm_head, hidden_states)  # [num_logits, vocab_size], on every rank

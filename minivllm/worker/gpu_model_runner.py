@@ -1,17 +1,14 @@
 """Mirror of vllm/v1/worker/gpu_model_runner.py: SchedulerOutput in, sampled tokens out.
 
-The runner keeps per-request state (rows of InputBatch) and applies each
-SchedulerOutput as a delta, packs the scheduled tokens on one dimension,
-installs forward_context, runs the model, projects only the `logits_indices`
-rows through lm_head and samples. Requests asking for prompt_logprobs also
-get their prompt rows through lm_head, chunk by chunk under chunked prefill,
-as vLLM's _get_prompt_logprobs_dict. It knows nothing of queues. The Worker builds
-it over a loaded model and gives it its KV cache (`initialize_kv_cache`); after a step
-`last_batch` / `last_attn_metadata` hold what it packed, for readers such as tracing. Left out:
-CUDA graphs, torch.compile, pipeline parallelism, LoRA, multimodal inputs, async output copies.
-With speculative decoding (`speculative_config`) a request's drafts are packed after its last token, its last
-d + 1 rows go through lm_head, worker/sampling_step.py verifies them, and the NgramProposer drafts the next
-step's tokens from each request's own tokens (ModelRunnerOutput.spec_token_ids).
+Keeps per-request state (rows of InputBatch), applies each SchedulerOutput as a delta, packs the scheduled tokens
+on one dimension, installs forward_context, runs the model, projects only the `logits_indices` rows through lm_head
+and samples; prompt_logprobs requests get their prompt rows through lm_head chunk by chunk, as vLLM's
+_get_prompt_logprobs_dict. The Worker builds it over a loaded model and gives it its KV cache; after a step
+`last_batch` / `last_attn_metadata` hold what it packed (for tracing). On the CPU, decode batches run as CPU graphs
+(`cpu_graph`, minivllm/compilation/cpu_graph.py, in CUDA graphs' place) unless enforce_eager. With speculative
+decoding a request's drafts are packed after its last token, its last d + 1 rows go through lm_head,
+worker/sampling_step.py verifies them, and the NgramProposer drafts the next step's (ModelRunnerOutput.spec_token_ids).
+Left out: CUDA graphs, torch.compile, pipeline parallelism, LoRA, multimodal inputs, async output copies.
 """
 from __future__ import annotations
 
@@ -21,6 +18,7 @@ import torch
 from minivllm.attention import Attention
 from minivllm.attention.backends.utils import AttentionMetadata
 from minivllm.attention.selector import get_attn_impl
+from minivllm.compilation.cpu_graph import CPUGraphWrapper
 from minivllm.core.kv_cache_utils import kv_cache_shape
 from minivllm.core.sched.output import SchedulerOutput
 from minivllm.forward_context import set_forward_context
@@ -71,19 +69,22 @@ def pack_indices(num_scheduled: np.ndarray, num_computed: np.ndarray, block_tabl
 
 class GPUModelRunner:
     def __init__(self, model: torch.nn.Module, *, block_size: int, max_num_reqs: int, max_model_len: int,
-                 attention_backend: str, device: str = "cpu", seed: int = 0,
-                 num_gpu_blocks: int | None = None, speculative_config: SpeculativeConfig | None = None) -> None:
+                 attention_backend: str, device: str = "cpu", seed: int = 0, num_gpu_blocks: int | None = None,
+                 speculative_config: SpeculativeConfig | None = None, enforce_eager: bool = False,
+                 tensor_parallel_size: int = 1) -> None:
         """`model` is loaded already (the Worker's load_model); the KV cache comes with initialize_kv_cache,
         once EngineCore has sized it (num_gpu_blocks: allocate it now, for a runner driven by hand)."""
         self.model, self.device, self.block_size = model, torch.device(device), block_size
-        self.max_model_len = max_model_len
-        self.vocab_size = model.config.vocab_size
+        self.max_model_len, max_blocks = max_model_len, cdiv(max_model_len, block_size)
         self.attn_layers: dict[str, Attention] = {m.layer_name: m for m in model.modules() if isinstance(m, Attention)}
         self.attn_impl = get_attn_impl(attention_backend)
         self.kv_caches: list[torch.Tensor] = []
+        self.cpu_graph = None if enforce_eager else CPUGraphWrapper.for_model(
+            model, self.attn_layers, attention_backend, tensor_parallel_size, max_num_reqs, max_blocks)
         if num_gpu_blocks is not None:
             self.initialize_kv_cache(num_gpu_blocks)
-        self.input_batch = InputBatch(max_num_reqs, max_model_len, cdiv(max_model_len, block_size))
+        self.input_batch = InputBatch(max_num_reqs, max_model_len, max_blocks)
+        self.vocab_size = model.config.vocab_size
         self.sampling_state = SamplingState(self.vocab_size, self.device, seed)
         self.sampler, self.rejection_sampler = Sampler(), RejectionSampler()
         self.drafter = None if speculative_config is None else NgramProposer(
@@ -91,10 +92,8 @@ class GPUModelRunner:
             speculative_config.prompt_lookup_max, max_model_len)
         self._draft_token_ids: DraftTokenIds | None = None
         # prompt_logprobs: how many alternatives each still-prefilling request wants, and what its chunks gave
-        self.num_prompt_logprobs: dict[str, int] = {}
-        self.in_progress_prompt_logprobs: dict[str, list] = {}
-        # The last step's packed input and attention metadata, kept for whoever reads them after the step
-        # (tracing, notebooks); the step itself never looks back at them.
+        self.num_prompt_logprobs, self.in_progress_prompt_logprobs = {}, {}  # req_id -> int, req_id -> list
+        # The last step's packed input and attention metadata, for readers after the step (tracing, notebooks)
         self.last_batch: PackedBatch | None = None
         self.last_attn_metadata: AttentionMetadata | None = None
 
@@ -177,10 +176,8 @@ class GPUModelRunner:
 
     def _attn_metadata(self, b: PackedBatch) -> AttentionMetadata:
         qsl, seq_lens = b.query_start_loc.tolist(), b.seq_lens.tolist()
-        return AttentionMetadata(
-            num_actual_tokens=b.num_tokens, max_query_len=int(b.num_scheduled_tokens.max()),
-            query_start_loc=b.query_start_loc, max_seq_len=max(seq_lens), seq_lens=b.seq_lens,
-            block_table=b.block_table, slot_mapping=b.slot_mapping, query_start_loc_cpu=qsl, seq_lens_cpu=seq_lens)
+        return AttentionMetadata(b.num_tokens, int(b.num_scheduled_tokens.max()), b.query_start_loc, max(seq_lens),
+                                 b.seq_lens, b.block_table, b.slot_mapping, qsl, seq_lens)
 
     # As vLLM: the row of prompt position p predicts prompt token p + 1, so a prompt of P tokens has P - 1
     # prompt logprobs. Each chunk fills its slice; the whole list goes out in the step that runs the last
@@ -221,8 +218,11 @@ class GPUModelRunner:
             return ModelRunnerOutput([], {}, [])
         b = self.last_batch = self._prepare_inputs(so)
         attn_metadata = self.last_attn_metadata = self._attn_metadata(b)
-        with set_forward_context(attn_metadata, self.attn_layers, slot_mapping=b.slot_mapping):
-            hidden_states = self.model(b.input_ids, b.positions)  # [num_tokens, hidden_size]
+        if self.cpu_graph is not None and self.cpu_graph.takes(b):  # a decode batch: captured or replayed
+            hidden_states = self.cpu_graph(b)
+        else:
+            with set_forward_context(attn_metadata, self.attn_layers, slot_mapping=b.slot_mapping):
+                hidden_states = self.model(b.input_ids, b.positions)  # [num_tokens, hidden_size]
         prompt_logprobs = self._get_prompt_logprobs_dict(b, hidden_states) if self.num_prompt_logprobs else {}
         sampling_ids = [b.req_ids[i] for i in b.sampling_req_indices]
         # [num_logits, vocab_size]: one row per sampling request, or d + 1 for one verifying d drafts

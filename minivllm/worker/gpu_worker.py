@@ -3,12 +3,13 @@
 An Executor drives one Worker per rank through the same few calls, in vLLM's order: `init_device`
 (seed this process, pick the device), `load_model` (read the weights, build the GPUModelRunner),
 `determine_available_memory` (what is left for the KV cache once the weights are in), then
-`initialize_from_config` (allocate the pool EngineCore sized), and every step `execute_model`.
+`initialize_from_config` (allocate the pool EngineCore sized), `compile_or_warm_up_model` (capture the
+CPU graphs of decode batches, where vLLM captures CUDA graphs), and every step `execute_model`.
 The packing and the forward live in the runner; the worker only owns what a process holds.
 Under tensor parallelism (one Worker per process, started by MultiprocExecutor) `init_device` also
 joins the torch.distributed group of all ranks, so the model's layers are built as this rank's shard.
-Left out: WorkerWrapperBase (the executor holds the Worker itself), sleep mode, LoRA, CUDA graph
-capture and warm-up.
+Left out: WorkerWrapperBase (the executor holds the Worker itself), sleep mode, LoRA, torch.compile
+and warm-up runs.
 """
 from __future__ import annotations
 
@@ -91,7 +92,8 @@ class Worker:
         self.model_runner = GPUModelRunner(
             model, block_size=config.block_size, max_num_reqs=config.max_num_seqs, max_model_len=max_model_len,
             attention_backend=get_attn_backend_name(config.attention_backend, config.device, config.dtype),
-            device=self.device, seed=config.seed, speculative_config=config.spec_config)
+            device=self.device, seed=config.seed, speculative_config=config.spec_config,
+            enforce_eager=config.enforce_eager, tensor_parallel_size=config.tensor_parallel_size)
 
     def determine_available_memory(self) -> int:
         """Bytes this worker's KV cache may take, measured now that the weights are in memory."""
@@ -100,6 +102,12 @@ class Worker:
     def initialize_from_config(self, kv_cache_config: KVCacheConfig) -> None:
         """Allocate the KV cache EngineCore sized (the same number of blocks on every rank)."""
         self.model_runner.initialize_kv_cache(kv_cache_config.num_blocks)
+
+    def compile_or_warm_up_model(self) -> None:
+        """vLLM's: with the KV cache in place, capture the graphs. Here the CPU graphs of decode batches
+        (minivllm/compilation/cpu_graph.py); nothing is compiled."""
+        if self.model_runner.cpu_graph is not None:
+            self.model_runner.cpu_graph.capture_model()
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         return self.model_runner.execute_model(scheduler_output)

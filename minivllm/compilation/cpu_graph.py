@@ -1,0 +1,138 @@
+"""Mirror of vllm/compilation/cuda_graph.py (CUDAGraphWrapper), for the CPU: a decode step replayed as recorded C calls.
+
+On a GPU, vLLM captures the forward of a decode batch as a CUDA graph and replays it: one launch instead of
+hundreds, no Python between the kernels. A CPU has no graphs, but minivllm's forward on the CPU is, op for op,
+calls into its compiled library (minivllm/_C.py) wrapped in Python: the module calls, checks and allocations
+around them cost about 4-5 ms a decode step for SmolLM2's 30 layers, a third of a one-request step.
+CPUGraphWrapper records those C calls in a forward and replays them: the same kernels with the same arguments,
+so the output is bit for bit the eager one.
+
+What a replay needs, and how it is kept, as for CUDA graphs:
+- Fixed input addresses: the step's inputs are copied into persistent buffers (`inputs_embeds`, `positions`,
+  the attention metadata) before the forward, at capture and at every replay.
+- Fixed intermediates: every tensor the forward allocates is seen (a TorchDispatchMode) and given a place in
+  one arena, two tensors sharing bytes only where their lifetimes (first to last call using them) do not
+  meet. The output is a view into the arena, valid until the next replay.
+- Nothing else: the capture is refused (every step then runs eagerly, logged once) when the forward runs a
+  torch op that computes (a norm in PyTorch, oneDNN's GEMM past the C kernel's rows, an all-reduce) or hands
+  C a pointer into memory that is neither the arena's nor kept for good (weights, KV caches, the buffers).
+
+As vLLM's FULL_DECODE_ONLY mode, only uniform decode batches run as graphs (every request one token, no
+drafts), captured at start-up (`capture_model`) after the KV cache is allocated. Where vLLM captures a graph
+per size in a list and pads a batch up to the next (a padded row costs a CPU its full arithmetic), minivllm
+records the forward twice, at the largest size and at one request, and keeps one template: the arguments that
+differ between the two are exactly the row count, patched per size, so every size 1..max runs unpadded (as
+torch.compile's one graph with a symbolic num_tokens). The graph covers the decoder layers and the final norm;
+the embedding (a torch gather) runs before it, vLLM's `inputs_embeds` path. `enforce_eager=True` turns it off.
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from minivllm import _C
+from minivllm import _custom_ops as ops
+from minivllm.attention.backends.utils import AttentionMetadata
+from minivllm.compilation.recorder import ROWS, At, CaptureRefused, Recording, Template, Trace, Watch, \
+    derive_template, regions, tensors_kept
+from minivllm.forward_context import set_forward_context
+
+logger = logging.getLogger("minivllm")
+
+
+class CPUGraphWrapper:
+    """Runs the model's forward for the runner's uniform decode batches of 1..max_batch_size requests by
+    replaying the template `capture_model` recorded; `num_replays` counts the steps it served."""
+
+    def __init__(self, model: torch.nn.Module, attn_layers: dict, max_batch_size: int, max_num_blocks_per_req: int):
+        self.model, self.attn_layers, self.max_batch_size = model, attn_layers, max_batch_size
+        n, dtype = max_batch_size, next(model.parameters()).dtype
+        # The persistent inputs (vLLM's runner keeps the same ones); a step's are copied in before its forward.
+        self.inputs_embeds = torch.zeros(n, model.config.hidden_size, dtype=dtype)
+        self.positions = torch.zeros(n, dtype=torch.int64)
+        self.slot_mapping = torch.full((n,), -1, dtype=torch.int64)
+        self.seq_lens = torch.ones(n, dtype=torch.int32)
+        self.query_start_loc = torch.arange(n + 1, dtype=torch.int32)  # a decode batch: request i is row i
+        self.block_table = torch.zeros(n, max_num_blocks_per_req, dtype=torch.int32)
+        self.template: Template | None = None
+        self.arena = torch.empty(0, dtype=torch.uint8)
+        self._bound: dict[int, tuple[list, torch.Tensor]] = {}  # rows -> (ctypes calls, output view)
+        self.num_replays = 0
+
+    @classmethod
+    def for_model(cls, model, attn_layers: dict, attention_backend: str, tensor_parallel_size: int,
+                  max_num_reqs: int, max_num_blocks_per_req: int) -> "CPUGraphWrapper | None":
+        """A wrapper where replays can serve: the CPU with the compiled ops and their attention backend, one
+        rank (an all-reduce is not a C call), a model with vLLM's `inputs_embeds` path; else None. Its largest
+        batch is the C GEMM's (past it, oneDNN's GEMM is a torch op)."""
+        param = next(model.parameters())
+        if (param.device.type != "cpu" or attention_backend != "cpu" or tensor_parallel_size != 1
+                or not hasattr(model, "get_input_embeddings") or not _C.usable(param)):
+            return None
+        limit = ops.SMALL_BATCH if param.dtype == torch.float32 else ops.BF16_SMALL_BATCH
+        return cls(model, attn_layers, min(max_num_reqs, limit), max_num_blocks_per_req)
+
+    def capture_model(self) -> None:
+        """vLLM's capture_model, once the KV cache is bound: record the decode forward at the largest batch and
+        at one request and keep their template, or log why not (every step then runs eagerly)."""
+        # Two rows, not one, beside the largest: a single row's stride is whatever its view made it (unused).
+        sizes = (self.max_batch_size, min(self.max_batch_size - 1, 2)) if self.max_batch_size > 1 else (1,)
+        self.template, self._bound = None, {}
+        try:
+            traces = [self._record(n) for n in sizes]
+            kept = regions(tensors_kept(self.model, (self.inputs_embeds, self.positions, self.slot_mapping,
+                                                       self.seq_lens, self.query_start_loc, self.block_table)))
+            self.template = derive_template(traces, sizes, kept)
+        except CaptureRefused as e:
+            logger.info("CPU graphs off, every step runs eagerly: %s", e)
+            return
+        self.arena = torch.empty(self.template.arena_bytes, dtype=torch.uint8)
+        logger.info("CPU graphs: decode batches of %d-%d requests replay %d C calls (arena %.2f MB)",
+                    self.template.sizes[0], self.template.sizes[-1], len(self.template.calls), self.arena.numel() / 1e6)
+
+    def _record(self, n: int) -> Trace:
+        """One eager forward of n dummy decode requests (position 0, no KV write) on the persistent buffers."""
+        self.inputs_embeds[:n], self.positions[:n], self.slot_mapping[:n], self.seq_lens[:n] = 0, 0, -1, 1
+        self.block_table[:n] = 0
+        md = AttentionMetadata(n, 1, self.query_start_loc[:n + 1], 1, self.seq_lens[:n], self.block_table[:n],
+                               self.slot_mapping[:n], list(range(n + 1)), [1] * n)
+        recording, watch = Recording(_C._lib), Watch()
+        _C._lib = recording
+        try:
+            with torch.inference_mode(), set_forward_context(md, self.attn_layers, slot_mapping=md.slot_mapping):
+                with watch:
+                    out = self.model(None, self.positions[:n], inputs_embeds=self.inputs_embeds[:n])
+        finally:
+            _C._lib = recording._lib
+        if watch.refused:
+            raise CaptureRefused(watch.refused)
+        return Trace(recording.calls, watch.allocs, out)
+
+    def takes(self, b) -> bool:
+        """True for a uniform decode batch (one token per request, no drafts) of a size the template serves."""
+        n = b.num_tokens
+        return self.template is not None and n == b.num_reqs and n in self.template.sizes \
+            and b.spec_decode_metadata is None
+
+    def __call__(self, b) -> torch.Tensor:
+        """The final hidden states [num_tokens, hidden_size] of PackedBatch `b`: a view into the arena, valid
+        until the next replay."""
+        n = b.num_tokens
+        self.inputs_embeds[:n] = self.model.get_input_embeddings(b.input_ids)
+        self.positions[:n], self.slot_mapping[:n], self.seq_lens[:n] = b.positions, b.slot_mapping, b.seq_lens
+        self.block_table[:n, :b.block_table.shape[1]] = b.block_table
+        calls, out = self._bound.get(n) or self._bind(n)
+        for fn, args in calls:
+            fn(*args)
+        self.num_replays += 1
+        return out
+
+    def _bind(self, n: int) -> tuple[list, torch.Tensor]:
+        """The template's calls for n rows on this arena, and the output's view: made once per size."""
+        base, lib, (offset, hidden, dtype) = self.arena.data_ptr(), _C._lib, self.template.output
+        calls = [(getattr(lib, name), tuple(n if a is ROWS else base + a if type(a) is At else a for a in args))
+                 for name, args in self.template.calls]
+        out = self.arena[offset:offset + n * hidden * dtype.itemsize].view(dtype).view(n, hidden)
+        self._bound[n] = calls, out
+        return calls, out
