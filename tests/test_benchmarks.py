@@ -124,3 +124,15 @@ def test_the_offline_comparison_floor_is_the_sum_of_its_steps(monkeypatch):
     config = SimpleNamespace(num_hidden_layers=1, hidden_size=2, intermediate_size=1, num_attention_heads=1,
                              num_key_value_heads=1, vocab_size=3)
     assert vs_vllm.step_floor(config, [[1, 2, 3], [4]], [3, 1], 1, 1.0, 1.0) == (200.0, 148.0)
+
+
+def test_cpu_graph_benchmark_runs_both_engines(tiny_llama_folder, capsys, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["cpu_graph.py", "--model", str(tiny_llama_folder), "--quick", "--rounds", "2",
+                                      "--dtype", "float32"])
+    runpy.run_path("benchmarks/cpu_graph.py", run_name="__main__")
+    out = capsys.readouterr().out
+    for text in ("round 2: one request", "eager / graphs", "start-up: graphs", "same tokens: True"):
+        assert text in out
+    from minivllm import _C
+    if _C.available():
+        assert "decode batches replayed: 1-256 requests" in out
