@@ -115,3 +115,17 @@ def test_derive_template_patches_the_row_count_and_refuses_anything_else():
     b.calls[0] = ("silu_and_mul", b.calls[0][1][:3] + (9, 0))
     with pytest.raises(CaptureRefused, match="argument 3 of silu_and_mul"):
         derive_template([a, b], (16, 2), regions([]))
+
+
+@pytest.mark.parametrize("max_num_seqs", [1, 2, 3])
+def test_few_sequences_record_once_and_serve_that_size(tiny_llama_folder, max_num_seqs):
+    if not _C.available():
+        pytest.skip("no compiled CPU ops")
+    kw = dict(multiprocess=False, max_model_len=256, max_num_seqs=max_num_seqs, enable_prefix_caching=False)
+    expected = _generate(LLM(str(tiny_llama_folder), enforce_eager=True, **kw))
+    llm = LLM(str(tiny_llama_folder), **kw)
+    assert _generate(llm) == expected
+    graph = _runner(llm).cpu_graph
+    # below three sequences one recording, serving its own size; from three, every size 1..max
+    sizes = range(1, 4) if max_num_seqs == 3 else range(max_num_seqs, max_num_seqs + 1)
+    assert graph.template.sizes == sizes and graph.num_replays > 0

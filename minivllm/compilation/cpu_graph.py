@@ -20,7 +20,7 @@ What a replay needs, and how it is kept, as for CUDA graphs:
 As vLLM's FULL_DECODE_ONLY mode, only uniform decode batches run as graphs (every request one token, no
 drafts), captured at start-up (`capture_model`) after the KV cache is allocated. Where vLLM captures a graph
 per size in a list and pads a batch up to the next (a padded row costs a CPU its full arithmetic), minivllm
-records the forward twice, at the largest size and at one request, and keeps one template: the arguments that
+records the forward twice, at the largest size and at two requests, and keeps one template: the arguments that
 differ between the two are exactly the row count, patched per size, so every size 1..max runs unpadded (as
 torch.compile's one graph with a symbolic num_tokens). The graph covers the decoder layers and the final norm;
 the embedding (a torch gather) runs before it, vLLM's `inputs_embeds` path. `enforce_eager=True` turns it off.
@@ -75,9 +75,11 @@ class CPUGraphWrapper:
 
     def capture_model(self) -> None:
         """vLLM's capture_model, once the KV cache is bound: record the decode forward at the largest batch and
-        at one request and keep their template, or log why not (every step then runs eagerly)."""
+        at two requests and keep their template, or log why not (every step then runs eagerly). The template
+        holds raw pointers to the weights and caches: a model moved or cast afterwards must be captured again."""
         # Two rows, not one, beside the largest: a single row's stride is whatever its view made it (unused).
-        sizes = (self.max_batch_size, min(self.max_batch_size - 1, 2)) if self.max_batch_size > 1 else (1,)
+        # Below three, one recording: its template serves that one size.
+        sizes = (self.max_batch_size, 2) if self.max_batch_size > 2 else (self.max_batch_size,)
         self.template, self._bound = None, {}
         try:
             traces = [self._record(n) for n in sizes]

@@ -168,9 +168,9 @@ def _relocate(trace: Trace, kept) -> tuple[list, dict, tuple[int, int]]:
 
 
 def derive_template(traces: list[Trace], sizes: tuple[int, ...], kept) -> Template:
-    """One template from forwards recorded at `sizes` (the largest first; then 1, or nothing when that is 1):
-    where two recordings differ, they must differ exactly as their row counts, and every allocation must
-    scale with them."""
+    """One template from forwards recorded at `sizes`: the largest, then two rows (serving every size up to the
+    largest), or the largest alone (serving that size only). Where the two recordings differ, they must differ
+    exactly as their row counts, and every allocation must grow with them."""
     (calls, uses, (out, out_offset)), *others = [_relocate(t, kept) for t in traces]
     nbytes = [t.untyped_storage().nbytes() for t in traces[0].allocs]
     for (other_calls, _, other_out), trace in zip(others, traces[1:]):
@@ -180,7 +180,7 @@ def derive_template(traces: list[Trace], sizes: tuple[int, ...], kept) -> Templa
             raise CaptureRefused(f"the forward at {sizes[1]} rows makes other calls than at {sizes[0]}")
         if any(a * sizes[1] != b * sizes[0] for a, b in zip(nbytes, other_nbytes)):
             raise CaptureRefused("an allocation of the forward does not grow with its rows")
-        for i, ((name, args), (_, other_args)) in enumerate(zip(calls, other_calls)):
+        for (name, args), (_, other_args) in zip(calls, other_calls):
             for j, (x, y) in enumerate(zip(args, other_args)):
                 if x != y:
                     if (x, y) != sizes:
