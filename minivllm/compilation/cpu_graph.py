@@ -36,6 +36,7 @@ from minivllm import _custom_ops as ops
 from minivllm.attention.backends.utils import AttentionMetadata
 from minivllm.compilation.recorder import ROWS, At, CaptureRefused, Recording, Template, Trace, Watch, \
     derive_template, regions, tensors_kept
+from minivllm.distributed.parallel_state import get_tp_group
 from minivllm.forward_context import set_forward_context
 
 logger = logging.getLogger("minivllm")
@@ -61,13 +62,13 @@ class CPUGraphWrapper:
         self.num_replays = 0
 
     @classmethod
-    def for_model(cls, model, attn_layers: dict, attention_backend: str, tensor_parallel_size: int,
-                  max_num_reqs: int, max_num_blocks_per_req: int) -> "CPUGraphWrapper | None":
+    def for_model(cls, model, attn_layers: dict, attention_backend: str, max_num_reqs: int,
+                  max_num_blocks_per_req: int) -> "CPUGraphWrapper | None":
         """A wrapper where replays can serve: the CPU with the compiled ops and their attention backend, one
         rank (an all-reduce is not a C call), a model with vLLM's `inputs_embeds` path; else None. Its largest
         batch is the C GEMM's (past it, oneDNN's GEMM is a torch op)."""
         param = next(model.parameters())
-        if (param.device.type != "cpu" or attention_backend != "cpu" or tensor_parallel_size != 1
+        if (param.device.type != "cpu" or attention_backend != "cpu" or get_tp_group().world_size != 1
                 or not hasattr(model, "get_input_embeddings") or not _C.usable(param)):
             return None
         limit = ops.SMALL_BATCH if param.dtype == torch.float32 else ops.BF16_SMALL_BATCH

@@ -133,16 +133,6 @@ def tensors_kept(model: torch.nn.Module, extra) -> list[torch.Tensor]:
     return found
 
 
-def tensors_kept(model: torch.nn.Module, extra) -> list[torch.Tensor]:
-    """Every tensor that outlives a step: the model's parameters, buffers and tensor attributes (packed
-    weights, the KV caches bound to its Attention layers), and `extra`."""
-    found = list(extra)
-    for m in model.modules():
-        found += [t for t in (*m._parameters.values(), *m._buffers.values(), *vars(m).values())
-                  if isinstance(t, torch.Tensor) and t.layout == torch.strided]
-    return found
-
-
 def _relocate(trace: Trace, kept) -> tuple[list, dict, tuple[int, int]]:
     """The trace's calls with each pointer into one of its allocations as (allocation, offset); any other
     pointer must be into kept memory. Also: allocation -> [first, last call using it], and the output's place."""

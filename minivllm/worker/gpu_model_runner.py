@@ -70,8 +70,7 @@ def pack_indices(num_scheduled: np.ndarray, num_computed: np.ndarray, block_tabl
 class GPUModelRunner:
     def __init__(self, model: torch.nn.Module, *, block_size: int, max_num_reqs: int, max_model_len: int,
                  attention_backend: str, device: str = "cpu", seed: int = 0, num_gpu_blocks: int | None = None,
-                 speculative_config: SpeculativeConfig | None = None, enforce_eager: bool = False,
-                 tensor_parallel_size: int = 1) -> None:
+                 speculative_config: SpeculativeConfig | None = None, enforce_eager: bool = False) -> None:
         """`model` is loaded already (the Worker's load_model); the KV cache comes with initialize_kv_cache,
         once EngineCore has sized it (num_gpu_blocks: allocate it now, for a runner driven by hand)."""
         self.model, self.device, self.block_size = model, torch.device(device), block_size
@@ -80,7 +79,7 @@ class GPUModelRunner:
         self.attn_impl = get_attn_impl(attention_backend)
         self.kv_caches: list[torch.Tensor] = []
         self.cpu_graph = None if enforce_eager else CPUGraphWrapper.for_model(
-            model, self.attn_layers, attention_backend, tensor_parallel_size, max_num_reqs, max_blocks)
+            model, self.attn_layers, attention_backend, max_num_reqs, max_blocks)
         if num_gpu_blocks is not None:
             self.initialize_kv_cache(num_gpu_blocks)
         self.input_batch = InputBatch(max_num_reqs, max_model_len, max_blocks)
@@ -93,9 +92,8 @@ class GPUModelRunner:
         self._draft_token_ids: DraftTokenIds | None = None
         # prompt_logprobs: how many alternatives each still-prefilling request wants, and what its chunks gave
         self.num_prompt_logprobs, self.in_progress_prompt_logprobs = {}, {}  # req_id -> int, req_id -> list
-        # The last step's packed input and attention metadata, for readers after the step (tracing, notebooks)
-        self.last_batch: PackedBatch | None = None
-        self.last_attn_metadata: AttentionMetadata | None = None
+        self.last_batch: PackedBatch | None = None  # the last step's packed input, for readers after the step
+        self.last_attn_metadata: AttentionMetadata | None = None  # and its attention metadata (tracing, notebooks)
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         """vLLM's initialize_kv_cache: allocate every layer's cache and bind it, with the backend, to the layer."""
@@ -176,8 +174,10 @@ class GPUModelRunner:
 
     def _attn_metadata(self, b: PackedBatch) -> AttentionMetadata:
         qsl, seq_lens = b.query_start_loc.tolist(), b.seq_lens.tolist()
-        return AttentionMetadata(b.num_tokens, int(b.num_scheduled_tokens.max()), b.query_start_loc, max(seq_lens),
-                                 b.seq_lens, b.block_table, b.slot_mapping, qsl, seq_lens)
+        return AttentionMetadata(
+            num_actual_tokens=b.num_tokens, max_query_len=int(b.num_scheduled_tokens.max()),
+            query_start_loc=b.query_start_loc, max_seq_len=max(seq_lens), seq_lens=b.seq_lens,
+            block_table=b.block_table, slot_mapping=b.slot_mapping, query_start_loc_cpu=qsl, seq_lens_cpu=seq_lens)
 
     # As vLLM: the row of prompt position p predicts prompt token p + 1, so a prompt of P tokens has P - 1
     # prompt logprobs. Each chunk fills its slice; the whole list goes out in the step that runs the last

@@ -93,7 +93,7 @@ class Worker:
             model, block_size=config.block_size, max_num_reqs=config.max_num_seqs, max_model_len=max_model_len,
             attention_backend=get_attn_backend_name(config.attention_backend, config.device, config.dtype),
             device=self.device, seed=config.seed, speculative_config=config.spec_config,
-            enforce_eager=config.enforce_eager, tensor_parallel_size=config.tensor_parallel_size)
+            enforce_eager=config.enforce_eager)
 
     def determine_available_memory(self) -> int:
         """Bytes this worker's KV cache may take, measured now that the weights are in memory."""
