@@ -22,7 +22,9 @@ drafts), captured at start-up (`capture_model`) after the KV cache is allocated.
 per size in a list and pads a batch up to the next (a padded row costs a CPU its full arithmetic), minivllm
 records the forward twice, at the largest size and at two requests, and keeps one template: the arguments that
 differ between the two are exactly the row count, patched per size, so every size 1..max runs unpadded (as
-torch.compile's one graph with a symbolic num_tokens). The graph covers the decoder layers and the final norm;
+torch.compile's one graph with a symbolic num_tokens). Every other scalar a C op takes is frozen at capture, as a
+CUDA graph's kernel arguments are: a kernel must read what changes from step to step (positions, sequence lengths,
+block tables, slots) from tensors, as all of minivllm's do. The graph covers the decoder layers and the final norm;
 the embedding (a torch gather) runs before it, vLLM's `inputs_embeds` path. `enforce_eager=True` turns it off.
 """
 from __future__ import annotations
