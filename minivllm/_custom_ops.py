@@ -51,6 +51,11 @@ SMALL_BATCH = 256  # rows up to which the C GEMM (gemm.c) runs a CPU linear; big
 BF16_SMALL_BATCH = 16 if "amx_bf16" in platforms.cpu_flags() else SMALL_BATCH
 
 
+def small_batch_rows(dtype: torch.dtype) -> int:
+    """The most rows a CPU linear runs on the C GEMM in `dtype` (more go to oneDNN)."""
+    return SMALL_BATCH if dtype == torch.float32 else BF16_SMALL_BATCH
+
+
 def compiled_cpu_ops_serve(device: str | torch.device, dtype: torch.dtype | str | None) -> bool:
     """True where the compiled CPU ops run: on the CPU, in float32 or bfloat16 (None or "auto": not known), built."""
     if isinstance(dtype, str):
@@ -117,7 +122,7 @@ def cpu_linear(x: torch.Tensor, onednn_weight: torch.Tensor, panels: torch.Tenso
                bias: torch.Tensor | None, out_features: int) -> torch.Tensor:
     """x [m, k] @ W^T + bias -> [m, n]: the C small-batch GEMM up to SMALL_BATCH rows (BF16_SMALL_BATCH in
     bf16), oneDNN above."""
-    if panels is not None and x.shape[0] <= (SMALL_BATCH if x.dtype == torch.float32 else BF16_SMALL_BATCH):
+    if panels is not None and x.shape[0] <= small_batch_rows(x.dtype):
         return _C.linear_small_batch(x, panels, bias, out_features)
     return torch.ops.mkldnn._linear_pointwise(x, onednn_weight, bias, "none", [], "")
 

@@ -70,11 +70,10 @@ class CPUGraphWrapper:
         rank (an all-reduce is not a C call), a model with vLLM's `inputs_embeds` path; else None. Its largest
         batch is the C GEMM's (past it, oneDNN's GEMM is a torch op)."""
         param = next(model.parameters())
-        if (param.device.type != "cpu" or attention_backend != "cpu" or get_tp_group().world_size != 1
-                or not hasattr(model, "get_input_embeddings") or not _C.usable(param)):
+        if (attention_backend != "cpu" or get_tp_group().world_size != 1 or not hasattr(model, "get_input_embeddings")
+                or not ops.compiled_cpu_ops_serve(param.device, param.dtype)):
             return None
-        limit = ops.SMALL_BATCH if param.dtype == torch.float32 else ops.BF16_SMALL_BATCH
-        return cls(model, attn_layers, min(max_num_reqs, limit), max_num_blocks_per_req)
+        return cls(model, attn_layers, min(max_num_reqs, ops.small_batch_rows(param.dtype)), max_num_blocks_per_req)
 
     def capture_model(self) -> None:
         """vLLM's capture_model, once the KV cache is bound: record the decode forward at the largest batch and
