@@ -124,6 +124,7 @@ STEP = ([1, 3, 17, 33, 100, 20], [37, 5, 70, 64, 21, 0])
 ATTENTION_LAYOUTS = [
     (9, 3, 64, 16),  # SmolLM2: three query heads per KV head
     (9, 3, 64, 4),  # small blocks: one KV tile spans eight of them
+    (9, 3, 64, 5),  # an odd block size: bf16 P.V takes positions in pairs, so each block ends on an unpaired one
     (4, 4, 32, 8),  # no grouping
     (16, 1, 80, 16),  # 16 query heads on one KV head; head_size 80, not a multiple of 32
     (10, 2, 80, 4),  # five heads per KV head: 9 tokens a tile, 45 rows padded to 48

@@ -25,14 +25,17 @@
  *    packed tile with, and this path is the faster one for it. With at least two decodes per thread (and
  *    AVX-512) a decode is one item for all its heads, the block's rows (every KV head) read together; with
  *    fewer, an item per KV head spreads a request over the threads. On 30 layers' caches (memory-bound)
- *    decode attention ran 1.1-1.2x faster than with the previous row path (README, "Decode kernels").
+ *    decode attention ran 1.1-1.2x faster than with the previous row path (README, "Decode kernels"). In bf16
+ *    with AVX512_BF16 (head sizes a multiple of 32) both products are dot products on bf16 pairs, and the
+ *    history is prefetched in even slices over the work (attend_decode_dp): 1.15-1.45x again.
  *
  * Arithmetic per build (-march=native; the library is built per CPU). Tiles: bf16 with AVX512_BF16 runs
  * both products as vdpbf16ps (pairs of bf16, float32 sums; the probabilities are rounded to bf16 for P.V,
  * as PyTorch's own CPU flash attention does, and their exponential is a shorter one, exp16_for_bf16);
  * float32, or bf16 without AVX512_BF16, runs AVX-512 float32 FMAs; without AVX-512, or for a head_size
- * that is not a multiple of 16, plain C loops compute the same tiles. Rows: AVX-512 float32 FMAs, or plain
- * C. Each plain-C path is written first, as the reference of the vector code after it.
+ * that is not a multiple of 16, plain C loops compute the same tiles. Rows: bf16 with AVX512_BF16 runs both
+ * products as vdpbf16ps (the probabilities rounded to bf16 for P.V, as in the tiles); otherwise AVX-512 float32
+ * FMAs, or plain C. Each plain-C path is written first, as the reference of the vector code after it.
  *
  *   query/out  [num_tokens, num_heads, head_size] rows q_stride / out_stride apart (elements)
  *   key_cache, value_cache  [num_blocks, block_size, num_kv_heads, head_size], contiguous
@@ -281,6 +284,205 @@ AI void attend_decode_avx512(char *out, const char *q, const History *h, int64_t
         for (int j = 0; j < nv; j++)
             store16(out, g * hs + 16 * j, _mm512_mul_ps(_mm512_loadu_ps(acc + g * hs + 16 * j), _mm512_set1_ps(inv[g])), bf);
 }
+
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+/* ---- the row path with AVX512_BF16: both products as bf16 dot products ------------------------------------
+ *
+ * The float32 row path above spends most of its instructions widening bf16 to float32 and on one horizontal
+ * sum per score. Here K and V stay bf16 and vdpbf16ps multiplies them a pair of elements at a time:
+ *  - a score is the bf16 query's dot product with a K row (float32 sums), times the scale. Sixteen positions'
+ *    dot vectors are summed across their lanes together (sum16x16), a few shuffles per score instead of a
+ *    horizontal sum each;
+ *  - P.V takes positions in pairs: the two V rows interleaved element by element, times each head's two
+ *    probabilities rounded to bf16 (as the tile path, and PyTorch's CPU flash attention, do; the softmax's sum
+ *    stays float32).
+ * For head sizes that are a multiple of 32, at most 256; the float32 row path takes the others. */
+#define DP_MAX_Z 8 /* 32-element vectors per row: head_size <= 256 */
+
+/* sum16x16's output lane e holds the sum of input slot DP_SLOT[e]; the map is its own inverse, so position i of
+ * a 16-position chunk goes to slot DP_SLOT[i] and its score comes out in lane i. */
+static const int DP_SLOT[16] = {0, 2, 1, 3, 8, 10, 9, 11, 4, 6, 5, 7, 12, 14, 13, 15};
+
+/* The 16 lane sums of v[0..15] in one vector, in four rounds that each halve the vectors by adding a shuffle of
+ * two to another: 256-bit halves, then 128-bit lanes, then pairs of floats, then single floats. */
+AI __m512 sum16x16(const __m512 v[16]) {
+    __m512 w[8], x[4], y[2];
+    for (int i = 0; i < 8; i++)
+        w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[i], v[i + 8], 0x44), _mm512_shuffle_f32x4(v[i], v[i + 8], 0xEE));
+    for (int i = 0; i < 4; i++)
+        x[i] = _mm512_add_ps(_mm512_shuffle_f32x4(w[i], w[i + 4], 0x88), _mm512_shuffle_f32x4(w[i], w[i + 4], 0xDD));
+    for (int i = 0; i < 2; i++) {
+        __m512d a = _mm512_castps_pd(x[i]), b = _mm512_castps_pd(x[i + 2]);
+        y[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+    }
+    return _mm512_add_ps(_mm512_shuffle_ps(y[0], y[1], 0x88), _mm512_shuffle_ps(y[0], y[1], 0xDD));
+}
+
+/* Scores of the m (<= 16) positions whose K rows start at kr, kr + row, ... for one query head qh (nz vectors);
+ * lanes m .. 15 repeat position 0 (the caller masks them). */
+AI __m512 scores16_dp(const bf16 *qh, const bf16 *kr, int64_t row, int m, int nz) {
+    __m512bh qv[DP_MAX_Z];
+    __m512 v[16];
+    for (int z = 0; z < nz; z++) qv[z] = (__m512bh)_mm512_loadu_si512(qh + 32 * z);
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; i++) {
+        const bf16 *ki = kr + (i < m ? i : 0) * row;
+        __m512 dot = _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)_mm512_loadu_si512(ki), qv[0]);
+        for (int z = 1; z < nz; z++) dot = _mm512_dpbf16_ps(dot, (__m512bh)_mm512_loadu_si512(ki + 32 * z), qv[z]);
+        v[DP_SLOT[i]] = dot;
+    }
+    return sum16x16(v);
+}
+
+/* acc (heads x 2nz vectors) += each head's probability pair at pr[g * pstride] times the V rows va, vb (vb NULL:
+ * a zero row), interleaved: lane j of the low vector is element pair (va[d], vb[d]) for d = 32z + 8L + (j % 4),
+ * L = j / 4, the high vector d + 4; attend_decode_dp puts the dimensions back in order at the end. */
+AI void pv_pair_dp(__m512 *acc, const bf16 *va, const bf16 *vb, const bf16 *pr, int64_t pstride, int heads, int nz) {
+    __m512bh lo[DP_MAX_Z], hi[DP_MAX_Z];
+    for (int z = 0; z < nz; z++) {
+        __m512i a = _mm512_loadu_si512(va + 32 * z), b = vb ? _mm512_loadu_si512(vb + 32 * z) : _mm512_setzero_si512();
+        lo[z] = (__m512bh)_mm512_unpacklo_epi16(a, b);
+        hi[z] = (__m512bh)_mm512_unpackhi_epi16(a, b);
+    }
+    for (int g = 0; g < heads; g++) {
+        uint32_t pair;
+        memcpy(&pair, pr + g * pstride, sizeof pair);
+        __m512bh p = (__m512bh)_mm512_set1_epi32((int)pair);
+        for (int z = 0; z < nz; z++) {
+            acc[g * 2 * nz + 2 * z] = _mm512_dpbf16_ps(acc[g * 2 * nz + 2 * z], lo[z], p);
+            acc[g * 2 * nz + 2 * z + 1] = _mm512_dpbf16_ps(acc[g * 2 * nz + 2 * z + 1], hi[z], p);
+        }
+    }
+}
+
+/* Prefetching for the dp row path: the rows of the block a pass reads next (or of V, during the K pass), just the
+ * item's KV heads' part of each, handed out in even slices over the pass's work on the current block (one slice
+ * per piece of work), so that the requests stay spread out as they are in a plain stream. */
+typedef struct {
+    const char *from;       /* the block's first row, at the item's first KV head */
+    int64_t stride, lines;  /* bytes from row to row; 64-byte lines of the item's part of each row */
+    int64_t total, slices, next;  /* lines in all; slices to hand them out in, and the next slice */
+} Prefetch;
+
+AI void prefetch_slice(Prefetch *pf) {
+    if (!pf->from || pf->next >= pf->slices) return;
+    for (int64_t l = pf->total * pf->next / pf->slices, end = pf->total * (pf->next + 1) / pf->slices; l < end; l++)
+        _mm_prefetch(pf->from + l / pf->lines * pf->stride + l % pf->lines * 64, _MM_HINT_T1);
+    pf->next++;
+}
+
+/* Block j of h's history in `cache` (its rows 0 .. n - 1, KV heads kvh0 .. kvh0 + nkv - 1); nothing for j < 0 or
+ * past the history. */
+AI Prefetch block_rows(const History *h, const bf16 *cache, int64_t j, int64_t kvh0, int64_t nkv, int64_t slices) {
+    Prefetch pf = {NULL, 0, 1, 0, slices, 0};
+    int64_t p0 = j * h->block_size;
+    if (j >= 0 && p0 < h->seq_len) {
+        int64_t n = h->seq_len - p0 < h->block_size ? h->seq_len - p0 : h->block_size;
+        pf.from = (const char *)(cache + (int64_t)h->blocks[j] * h->block_size * h->row + kvh0 * h->head_size);
+        pf.stride = h->row * (int64_t)sizeof(bf16);
+        pf.lines = (nkv * h->head_size * (int64_t)sizeof(bf16) + 63) / 64;
+        pf.total = n * pf.lines;
+    }
+    return pf;
+}
+
+/* P.V of one KV block for `heads` query heads from `first` on: acc_f (float32, heads x head_size, in pv_pair_dp's
+ * lane order) += their probabilities at positions p0 .. p0 + n - 1 times the block's V rows from vr on. */
+AI void pv_block_dp(float *acc_f, const bf16 *vr, int64_t row, const bf16 *pr, int64_t pstride, int heads, int nz,
+                    int64_t n, Prefetch *pf) {
+    __m512 acc[16];
+    for (int i = 0; i < heads * 2 * nz; i++) acc[i] = _mm512_loadu_ps(acc_f + 16 * i);
+    for (int64_t i = 0; i < n; i += 2) {
+        prefetch_slice(pf);
+        pv_pair_dp(acc, vr + i * row, i + 1 < n ? vr + (i + 1) * row : NULL, pr + i, pstride, heads, nz);
+    }
+    for (int i = 0; i < heads * 2 * nz; i++) _mm512_storeu_ps(acc_f + 16 * i, acc[i]);
+}
+
+/* attend_decode_avx512's item (one query token; the qpk query heads of KV heads kvh0 .. kvh0 + nkv - 1) with bf16
+ * dot products, in the same three passes a KV block at a time. While the K pass computes a block, the next K
+ * block comes into L2, and so does this block's V where the whole history's V fits in a quarter of L2 (the P.V
+ * pass then reads it from there); otherwise the P.V pass fetches its next block the same way. scores: float32,
+ * [heads][seq]; probs: bf16, [heads][seq + 2] (two zeros after the last). */
+AI void attend_decode_dp(bf16 *out, const bf16 *q, const History *h, int64_t kvh0, int64_t nkv, int64_t qpk,
+                         float scale, float *scores, bf16 *probs, float *acc, float *maxs, int nz) {
+    int64_t hs = h->head_size, heads_total = nkv * qpk, seq = h->seq_len, bs = h->block_size, row = h->row;
+    int64_t pstride = seq + 2, group = 8 / nz > 1 ? 8 / nz : 1;  /* heads per P.V pass: 16 accumulators at most */
+    int64_t chunks = (bs + 15) / 16, groups = (qpk + group - 1) / group, pairs = (bs + 1) / 2;
+    int v_early = seq * nkv * hs * (int64_t)sizeof(bf16) <= 256 * 1024;
+    const bf16 *kc = h->key_cache, *vc = h->value_cache;
+    for (int64_t g = 0; g < heads_total; g++) maxs[g] = -INFINITY;
+    Prefetch first = block_rows(h, kc, 0, kvh0, nkv, 1);
+    prefetch_slice(&first);
+    for (int64_t p0 = 0; p0 < seq; p0 += bs) {
+        int64_t n = seq - p0 < bs ? seq - p0 : bs, base = (int64_t)h->blocks[p0 / bs] * bs * row;
+        Prefetch next_k = block_rows(h, kc, p0 / bs + 1, kvh0, nkv, chunks * heads_total);
+        Prefetch this_v = block_rows(h, vc, v_early ? p0 / bs : -1, kvh0, nkv, chunks * heads_total);
+        for (int64_t c0 = 0; c0 < n; c0 += 16) {
+            int m = (int)(n - c0 < 16 ? n - c0 : 16);
+            __mmask16 mask = (__mmask16)((1u << m) - 1);
+            for (int64_t head = 0; head < heads_total; head++) {
+                const bf16 *kr = kc + base + c0 * row + (kvh0 + head / qpk) * hs;
+                prefetch_slice(&next_k);
+                prefetch_slice(&this_v);
+                __m512 s = _mm512_mul_ps(nz == 2 ? scores16_dp(q + head * hs, kr, row, m, 2)
+                                                 : scores16_dp(q + head * hs, kr, row, m, nz), _mm512_set1_ps(scale));
+                _mm512_mask_storeu_ps(scores + head * seq + p0 + c0, mask, s);
+                float top = _mm512_mask_reduce_max_ps(mask, s);
+                maxs[head] = top > maxs[head] ? top : maxs[head];
+            }
+        }
+    }
+    /* softmax: probabilities rounded to bf16 for P.V, their float32 sum kept for the division at the end */
+    for (int64_t g = 0; g < heads_total; g++) {
+        __m512 total = _mm512_setzero_ps(), mx = _mm512_set1_ps(maxs[g]);
+        for (int64_t p = 0; p < seq; p += 16) {
+            __mmask16 mask = seq - p >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (seq - p)) - 1);
+            __m512 e = _mm512_maskz_mov_ps(mask, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, scores + g * seq + p), mx)));
+            total = _mm512_add_ps(total, e);
+            _mm256_mask_storeu_epi16(probs + g * pstride + p, mask, (__m256i)_mm512_cvtneps_pbh(e));
+        }
+        probs[g * pstride + seq] = probs[g * pstride + seq + 1] = 0;
+        maxs[heads_total + g] = 1.0f / _mm512_reduce_add_ps(total);
+    }
+    memset(acc, 0, sizeof(float) * heads_total * hs);
+    if (!v_early) {
+        first = block_rows(h, vc, 0, kvh0, nkv, 1);
+        prefetch_slice(&first);
+    }
+    for (int64_t p0 = 0; p0 < seq; p0 += bs) {
+        int64_t n = seq - p0 < bs ? seq - p0 : bs, base = (int64_t)h->blocks[p0 / bs] * bs * row;
+        Prefetch next_v = block_rows(h, vc, v_early ? -1 : p0 / bs + 1, kvh0, nkv, nkv * groups * pairs);
+        for (int64_t k = 0; k < nkv; k++)
+            for (int64_t g0 = 0; g0 < qpk; g0 += group) {
+                int heads = (int)(qpk - g0 < group ? qpk - g0 : group);
+                int64_t first_head = k * qpk + g0;
+                const bf16 *vr = vc + base + (kvh0 + k) * hs, *pr = probs + first_head * pstride + p0;
+                float *a = acc + first_head * hs;
+                switch (nz * 8 + heads) {  /* constants, so that the accumulators stay in registers */
+                    case 2 * 8 + 1: pv_block_dp(a, vr, row, pr, pstride, 1, 2, n, &next_v); break;
+                    case 2 * 8 + 2: pv_block_dp(a, vr, row, pr, pstride, 2, 2, n, &next_v); break;
+                    case 2 * 8 + 3: pv_block_dp(a, vr, row, pr, pstride, 3, 2, n, &next_v); break;
+                    case 2 * 8 + 4: pv_block_dp(a, vr, row, pr, pstride, 4, 2, n, &next_v); break;
+                    case 4 * 8 + 1: pv_block_dp(a, vr, row, pr, pstride, 1, 4, n, &next_v); break;
+                    case 4 * 8 + 2: pv_block_dp(a, vr, row, pr, pstride, 2, 4, n, &next_v); break;
+                    default: pv_block_dp(a, vr, row, pr, pstride, heads, nz, n, &next_v);
+                }
+            }
+    }
+    /* back to dimension order (see pv_pair_dp), divided by each head's sum, rounded to bf16 */
+    const __m512i lo_idx = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+    const __m512i hi_idx = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+    for (int64_t g = 0; g < heads_total; g++) {
+        __m512 inv = _mm512_set1_ps(maxs[heads_total + g]);
+        for (int z = 0; z < nz; z++) {
+            __m512 lo = _mm512_loadu_ps(acc + g * hs + 32 * z), hi = _mm512_loadu_ps(acc + g * hs + 32 * z + 16);
+            store16(out, g * hs + 32 * z, _mm512_mul_ps(_mm512_permutex2var_ps(lo, lo_idx, hi), inv), 1);
+            store16(out, g * hs + 32 * z + 16, _mm512_mul_ps(_mm512_permutex2var_ps(lo, hi_idx, hi), inv), 1);
+        }
+    }
+}
+#endif
 
 /* ---- the tile path with AVX-512: packing, then the register-blocked products ------------------------------ */
 
@@ -662,6 +864,7 @@ void paged_attention(void *out, const void *query, const void *key_cache, const 
         float *scores = max_row_seq ? malloc(sizeof(float) * row_heads * max_row_seq) : NULL;
         float *acc = max_row_seq ? malloc(sizeof(float) * row_heads * head_size) : NULL;
         float *maxs = max_row_seq ? malloc(sizeof(float) * 2 * row_heads) : NULL;
+        bf16 *probs = max_row_seq && bf ? malloc(sizeof(bf16) * row_heads * (max_row_seq + 2)) : NULL;
 #pragma omp for schedule(dynamic, 1)
         for (int64_t item = 0; item < tiles * num_kv_heads; item++) {
             /* last tiles first: a request's later tiles see the most history */
@@ -693,6 +896,13 @@ void paged_attention(void *out, const void *query, const void *key_cache, const 
                     /* whole: item kvh 0 takes the request's every head, the others have nothing left */
                     int64_t nkv = whole ? num_kv_heads : 1;
                     if (whole && kvh != 0) continue;
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+                    if (bf && head_size % 32 == 0) {
+                        attend_decode_dp((bf16 *)ot, (const bf16 *)qt, &h, kvh, nkv, qpk, scale, scores, probs, acc,
+                                         maxs, (int)(head_size / 32));
+                        continue;
+                    }
+#endif
                     if (bf) attend_decode_avx512(ot, qt, &h, kvh, nkv, qpk, scale, scores, acc, maxs, maxs + row_heads, 1);
                     else attend_decode_avx512(ot, qt, &h, kvh, nkv, qpk, scale, scores, acc, maxs, maxs + row_heads, 0);
                     continue;
@@ -708,7 +918,7 @@ void paged_attention(void *out, const void *query, const void *key_cache, const 
             }
         }
         free(b.s), free(b.o), free(b.m), free(b.l), free(b.alpha), free(b.n), free(b.q), free(b.off), free(b.kt);
-        free(b.v), free(b.pw), free(scores), free(acc), free(maxs);
+        free(b.v), free(b.pw), free(scores), free(acc), free(maxs), free(probs);
     }
     free(work);
 }
