@@ -88,22 +88,28 @@ AI __m512 load16(const void *p, int64_t i, int bf) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
 }
 
-AI void store16(void *p, int64_t i, __m512 v, int bf) {
-    if (!bf) {
-        _mm512_storeu_ps((float *)p + i, v);
-        return;
-    }
+/* 16 floats rounded to bf16 (round to nearest even; a NaN stays a quiet NaN), as f32_to_bf16 does one. */
+AI __m256i f32x16_to_bf16(__m512 v) {
 #ifdef __AVX512BF16__
-    __m256i r = (__m256i)_mm512_cvtneps_pbh(v);  /* round to nearest even in one instruction */
+    return (__m256i)_mm512_cvtneps_pbh(v);  /* round to nearest even in one instruction */
 #else
     __m512i u = _mm512_castps_si512(v);  /* f32_to_bf16, 16 lanes at once */
     __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
     __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
     __m512i nan = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
     rounded = _mm512_mask_mov_epi32(rounded, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), nan);
-    __m256i r = _mm512_cvtepi32_epi16(rounded);
+    return _mm512_cvtepi32_epi16(rounded);
 #endif
-    _mm256_storeu_si256((__m256i *)((bf16 *)p + i), r);
+}
+
+AI void store16(void *p, int64_t i, __m512 v, int bf) {
+    if (bf) _mm256_storeu_si256((__m256i *)((bf16 *)p + i), f32x16_to_bf16(v));
+    else _mm512_storeu_ps((float *)p + i, v);
+}
+
+/* rnd on 16 lanes: v in float32, v rounded to bf16 (and widened back, exactly) in bf16. */
+AI __m512 rnd16(__m512 v, int bf) {
+    return bf ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(f32x16_to_bf16(v)), 16)) : v;
 }
 
 /* exp_f32 on 16 lanes, the same operations in the same order (so the same bits). */
