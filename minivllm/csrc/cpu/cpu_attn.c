@@ -634,11 +634,12 @@ AI void pv_f32(float *o, const float *p, const float *alpha, const float *v, int
  * 2w, 2w + 1 of one position) are transposed to put positions in lanes; P.V sums over positions, so
  * V is re-paired to put (position 2m, position 2m + 1) of one dimension in each word. */
 
-/* kt[w * TILE_KV + c] = word w of K[p0 + c] (dims 2w, 2w + 1); positions past n are zero. With head_size
+/* kt[w * TILE_KV + c] = word w of K[p0 + c] (dims 2w, 2w + 1); positions past n are zero up to the next multiple
+ * of 16 (scores_dp reads no further). With head_size
  * 80 a row is 40 words: blocks of 16, 16 and a last one of 8 (a masked load; its columns 8..15 unused). */
 AI void pack_k_dp(uint32_t *kt, const History *h, const int64_t *off, int n) {
     int64_t words = h->head_size / 2;
-    for (int c0 = 0; c0 < TILE_KV; c0 += 16)
+    for (int c0 = 0; c0 < n; c0 += 16)
         for (int64_t w0 = 0; w0 < words; w0 += 16) {
             int cols = (int)(words - w0 < 16 ? words - w0 : 16);
             __mmask16 mask = (__mmask16)((1u << cols) - 1);
@@ -674,23 +675,24 @@ AI void pack_v_dp(uint32_t *vi, const History *h, const int64_t *off, int n) {
         }
 }
 
-/* scores_f32 with bf16 pairs: per word w (two dims), kt's KV_VECS vectors times q_r's word w broadcast. */
-AI void scores_dp(float *s, const uint32_t *kt, const char *const *q, int64_t hs, float scale) {
+/* scores_f32 with bf16 pairs: per word w (two dims), kt's first nv vectors (the tile's positions up to 16 nv; a
+ * short tile leaves the rest of s unwritten, past what any row sees) times q_r's word w broadcast. */
+AI void scores_dp(float *s, const uint32_t *kt, const char *const *q, int64_t hs, float scale, int nv) {
     __m512 acc[RB][KV_VECS];
     for (int r = 0; r < RB; r++)
-        for (int j = 0; j < KV_VECS; j++) acc[r][j] = _mm512_setzero_ps();
+        for (int j = 0; j < nv; j++) acc[r][j] = _mm512_setzero_ps();
     for (int64_t w = 0; w < hs / 2; w++) {
         __m512bh k[KV_VECS];
-        for (int j = 0; j < KV_VECS; j++) k[j] = (__m512bh)_mm512_load_si512(kt + w * TILE_KV + 16 * j);
+        for (int j = 0; j < nv; j++) k[j] = (__m512bh)_mm512_load_si512(kt + w * TILE_KV + 16 * j);
         for (int r = 0; r < RB; r++) {
             uint32_t qw;
             memcpy(&qw, q[r] + 4 * w, sizeof qw);
             __m512bh qb = (__m512bh)_mm512_set1_epi32((int)qw);
-            for (int j = 0; j < KV_VECS; j++) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], qb, k[j]);
+            for (int j = 0; j < nv; j++) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], qb, k[j]);
         }
     }
     for (int r = 0; r < RB; r++)
-        for (int j = 0; j < KV_VECS; j++)
+        for (int j = 0; j < nv; j++)
             _mm512_store_ps(s + r * TILE_KV + 16 * j, _mm512_mul_ps(acc[r][j], _mm512_set1_ps(scale)));
 }
 
@@ -785,7 +787,12 @@ AI void attend_tile(const TileItem *it, TileBuffers *b, float scale, int bf, int
             pack_k_dp(b->kt, h, b->off, n);
             pack_v_dp(b->v, h, b->off, n);
             for (int r0 = 0; r0 < padded; r0 += RB)
-                if (BLOCK_SEES(r0)) scores_dp(b->s + r0 * TILE_KV, b->kt, b->q + r0, hs, scale);
+                if (BLOCK_SEES(r0)) switch ((n + 15) / 16) {  /* constants, so that the accumulators stay in registers */
+                    case 1: scores_dp(b->s + r0 * TILE_KV, b->kt, b->q + r0, hs, scale, 1); break;
+                    case 2: scores_dp(b->s + r0 * TILE_KV, b->kt, b->q + r0, hs, scale, 2); break;
+                    case 3: scores_dp(b->s + r0 * TILE_KV, b->kt, b->q + r0, hs, scale, 3); break;
+                    default: scores_dp(b->s + r0 * TILE_KV, b->kt, b->q + r0, hs, scale, KV_VECS);
+                }
             online_softmax16(b->s, b->m, b->l, b->alpha, b->pw, b->n, padded, 1);
         }
 #endif
