@@ -7,14 +7,18 @@ with float64 causal SDPA over the history gathered through the block table.
 """
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 import torch.nn.functional as F
 
-from minivllm import _C
+from minivllm import LLM, _C
 from minivllm.csrc import build as ops_build
 from minivllm.attention.backends.torch_attn import gather_history
 from minivllm.models.layers import RotaryEmbedding, _rotate_half
+from minivllm.models.linear import PackedLinear
+from minivllm.utils.mem_utils import HUGE_PAGE, move_into_one_buffer
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -81,6 +85,34 @@ def test_linear_small_batch_matches_a_matmul(m, n, k, bias):
     x = torch.randn(m, k + 5)[:, :k]  # strided rows
     out = _C.linear_small_batch(x, _C.pack_linear_weight(weight), b, n)
     torch.testing.assert_close(out, F.linear(x, weight, b), rtol=1e-5, atol=1e-5)
+
+
+def test_move_into_one_buffer_lays_tensors_back_to_back_in_order():
+    holders = [SimpleNamespace(w=torch.randn(*shape).to(dtype)) for shape, dtype in
+               [((3, 5), torch.bfloat16), ((1000, 7), torch.float32), ((1,), torch.bfloat16), ((64, 64), torch.float32)]]
+    originals = [h.w.clone() for h in holders]
+    moved = move_into_one_buffer(holders, "w")
+    starts = [h.w.data_ptr() for h in holders]
+    assert len({h.w.untyped_storage().data_ptr() for h in holders}) == 1  # one buffer
+    assert starts[0] % HUGE_PAGE == 0 and all(s % 4096 == 0 for s in starts)
+    assert all(a + h.w.nbytes <= b for a, b, h in zip(starts, starts[1:], holders))  # in order, none overlapping
+    assert moved == sum(-(-h.w.nbytes // 4096) * 4096 for h in holders)
+    assert all(torch.equal(h.w, o) and h.w.dtype == o.dtype for h, o in zip(holders, originals))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_engines_gemm_panels_sit_in_one_buffer_in_forward_order(tiny_llama_folder, dtype):
+    if dtype == "bfloat16" and not _C.linear_bf16_has_dp():
+        pytest.skip("bf16 panels are packed only where the C GEMM has AVX512_BF16")
+    llm = LLM(str(tiny_llama_folder), dtype=dtype, multiprocess=False, max_model_len=64)
+    model = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.model_runner.model
+    names, panels = zip(*[(n, m.panels) for n, m in model.named_modules() if isinstance(m, PackedLinear)
+                          and m.panels is not None])
+    assert names[:4] == tuple(f"model.layers.0.{p}.packed" for p in ("self_attn.qkv_proj", "self_attn.o_proj",
+                                                                      "mlp.gate_up_proj", "mlp.down_proj"))
+    assert len({p.untyped_storage().data_ptr() for p in panels}) == 1
+    assert all(a.data_ptr() + a.nbytes <= b.data_ptr() for a, b in zip(panels, panels[1:]))
+    llm.shutdown()
 
 
 def reference_attention(query, key_cache, value_cache, block_table, query_start_loc, seq_lens, scale):

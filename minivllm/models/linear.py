@@ -28,6 +28,7 @@ from torch import nn
 from minivllm import _custom_ops as ops
 from minivllm.distributed.communication_op import tensor_model_parallel_all_reduce
 from minivllm.distributed.parallel_state import get_tp_group
+from minivllm.utils.mem_utils import move_into_one_buffer
 
 
 def divide(numerator: int, denominator: int) -> int:
@@ -85,14 +86,14 @@ class PackableWeight:
 
 
 def pack_linear_weights(model: nn.Module) -> int:
-    """Pack every linear weight of `model` (CPU, float32 or bfloat16); returns how many were packed."""
-    count = 0
-    for module in list(model.modules()):  # listed first: packing adds submodules
-        w = getattr(module, "weight", None) if isinstance(module, PackableWeight) else None
-        if w is not None and w.dtype in (torch.float32, torch.bfloat16) and w.device.type == "cpu":
-            module.pack()
-            count += 1
-    return count
+    """Pack every linear weight of `model` (CPU, float32 or bfloat16), then move the C GEMM's panels into one
+    buffer in the order a forward reads them (utils/mem_utils.py); returns how many were packed."""
+    todo = [m for m in model.modules() if isinstance(m, PackableWeight) and getattr(m, "weight", None) is not None
+            and m.weight.dtype in (torch.float32, torch.bfloat16) and m.weight.device.type == "cpu"]
+    for module in todo:
+        module.pack()
+    move_into_one_buffer([m.packed for m in todo if m.packed.panels is not None], "panels")
+    return len(todo)
 
 
 def cpu_packed_linear_available() -> bool:

@@ -1,0 +1,55 @@
+"""Memory helpers. vLLM's vllm/utils/mem_utils.py measures memory; this file has no counterpart there: it lays
+out the CPU GEMM's packed weights so that a decode step streams them as one run of memory.
+
+A decode step reads every weight of the model once, one GEMM after the other. Packed one by one, each
+PackedLinear's panels sit in their own allocation, between the oneDNN copies of the same weights (packed just
+before them). Moved into one buffer, back to back in the order a forward uses them, they stream as one run, and
+the buffer is advised for transparent huge pages (Linux; fewer TLB misses over hundreds of MB). Measured on a
+2-core AMD EPYC (README, "One buffer for the weights"): SmolLM2's 121 decode GEMMs 1.2x faster at one row, 1.14x
+at 12, 1.04x at 32; two engines side by side in one process, the 32-request workload 1.02-1.05x and one request's
+decode 1.05-1.31x, in every round.
+"""
+from __future__ import annotations
+
+import ctypes
+import sys
+
+import torch
+
+from minivllm.utils.math_utils import cdiv
+
+HUGE_PAGE = 2 << 20
+MADV_HUGEPAGE = 14  # linux/mman.h
+
+
+def _advise_huge_pages(address: int, length: int) -> None:
+    """Ask Linux to back [address, address + length) with huge pages; advice only, so a refusal is ignored."""
+    if not sys.platform.startswith("linux") or length <= 0:
+        return
+    try:
+        libc = ctypes.CDLL(None)
+        libc.madvise(ctypes.c_void_p(address), ctypes.c_size_t(length), ctypes.c_int(MADV_HUGEPAGE))
+    except (OSError, AttributeError):
+        pass
+
+
+def move_into_one_buffer(holders: list, name: str, align: int = 4096) -> int:
+    """Copy each holder's tensor attribute `name` into one new buffer, back to back in the holders' order (each
+    start `align`-aligned; the buffer 2 MiB-aligned and advised for huge pages before anything is written), and
+    point the attribute at its copy, so each original is freed as soon as it is copied. Returns the bytes moved.
+    The copies are views of the buffer, which lives as long as any of them."""
+    sizes = [getattr(h, name).numel() * getattr(h, name).element_size() for h in holders]
+    total = sum(cdiv(s, align) * align for s in sizes)
+    if total == 0:
+        return 0
+    raw = torch.empty(total + HUGE_PAGE, dtype=torch.uint8)  # untouched: pages come on the first write
+    start = -raw.data_ptr() % HUGE_PAGE
+    _advise_huge_pages(raw.data_ptr() + start, total // HUGE_PAGE * HUGE_PAGE)
+    offset = start
+    for holder, size in zip(holders, sizes):
+        old = getattr(holder, name)
+        new = raw[offset:offset + size].view(old.dtype).view(old.shape)
+        new.copy_(old)
+        setattr(holder, name, new)
+        offset += cdiv(size, align) * align
+    return total
