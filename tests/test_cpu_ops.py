@@ -18,6 +18,7 @@ from minivllm.csrc import build as ops_build
 from minivllm.attention.backends.torch_attn import gather_history
 from minivllm.models.layers import RotaryEmbedding, _rotate_half
 from minivllm.models.linear import PackedLinear
+from minivllm.utils import mem_utils
 from minivllm.utils.mem_utils import HUGE_PAGE, move_into_one_buffer
 
 
@@ -98,6 +99,12 @@ def test_move_into_one_buffer_lays_tensors_back_to_back_in_order():
     assert all(a + h.w.nbytes <= b for a, b, h in zip(starts, starts[1:], holders))  # in order, none overlapping
     assert moved == sum(-(-h.w.nbytes // 4096) * 4096 for h in holders)
     assert all(torch.equal(h.w, o) and h.w.dtype == o.dtype for h, o in zip(holders, originals))
+
+
+def test_zeros_on_huge_pages_are_zeros_of_the_shape_asked_for():
+    kv = mem_utils.zeros((2, 3, 5, 16, 3, 64), torch.bfloat16, "cpu")  # 2 MiB and a bit: one huge page and more
+    assert kv.shape == (2, 3, 5, 16, 3, 64) and kv.dtype == torch.bfloat16 and kv.is_contiguous()
+    assert kv.data_ptr() % HUGE_PAGE == 0 and not kv.any()
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

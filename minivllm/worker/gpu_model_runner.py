@@ -28,6 +28,7 @@ from minivllm.sample.sampler import Sampler
 from minivllm.spec_decode.config import SpeculativeConfig
 from minivllm.spec_decode.metadata import make_spec_decode_metadata
 from minivllm.spec_decode.ngram_proposer import NgramProposer
+from minivllm.utils import mem_utils
 from minivllm.utils.math_utils import cdiv
 from minivllm.worker.input_batch import InputBatch, PackedBatch
 from minivllm.worker.sampling_step import propose_draft_token_ids, sample_tokens
@@ -104,9 +105,8 @@ class GPUModelRunner:
     def _allocate_kv_cache(self, num_blocks: int, dtype: torch.dtype) -> list[torch.Tensor]:
         layer = next(iter(self.attn_layers.values()))
         shape = kv_cache_shape(len(self.attn_layers), num_blocks, self.block_size, layer.num_kv_heads, layer.head_size)
-        # zeroed: blocks never written (the null block, a partial block's tail) must not hold NaN
-        kv = torch.zeros(shape, dtype=dtype, device=self.device)  # [layers, 2, blocks, block_size, kv_heads, head]
-        return list(kv.unbind(0))
+        # zeroed (blocks never written, the null block or a partial block's tail, must not hold NaN), on huge pages
+        return list(mem_utils.zeros(shape, dtype, self.device).unbind(0))  # [layers, 2, blocks, block, heads, size]
 
     def _update_states(self, so: SchedulerOutput) -> None:
         """Apply the scheduler's deltas: drop finished, park preempted, add new, extend cached."""
