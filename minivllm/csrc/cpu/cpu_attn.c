@@ -780,14 +780,16 @@ AI void attend_tile(const TileItem *it, TileBuffers *b, float scale, int bf, int
             continue;
         }
 #ifdef __AVX512F__
-        /* a block of rows is skipped while its last real row (the latest position) sees nothing yet */
-#define BLOCK_SEES(r0) (b->n[(r0) + RB - 1 < rows ? (r0) + RB - 1 : rows - 1] > 0)
+        /* a block of rows is skipped while its last real row (the latest position) sees nothing yet, and computes
+         * only the positions that row sees (the block's other rows see no more: their probabilities past it are 0) */
+#define BLOCK_SEEN(r0) (b->n[(r0) + RB - 1 < rows ? (r0) + RB - 1 : rows - 1])
+#define BLOCK_SEES(r0) (BLOCK_SEEN(r0) > 0)
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
         if (mode == MODE_DP) {
             pack_k_dp(b->kt, h, b->off, n);
             pack_v_dp(b->v, h, b->off, n);
             for (int r0 = 0; r0 < padded; r0 += RB)
-                if (BLOCK_SEES(r0)) switch ((n + 15) / 16) {  /* constants, so that the accumulators stay in registers */
+                if (BLOCK_SEES(r0)) switch ((BLOCK_SEEN(r0) + 15) / 16) {  /* constants: accumulators in registers */
                     case 1: scores_dp(b->s + r0 * TILE_KV, b->kt, b->q + r0, hs, scale, 1); break;
                     case 2: scores_dp(b->s + r0 * TILE_KV, b->kt, b->q + r0, hs, scale, 2); break;
                     case 3: scores_dp(b->s + r0 * TILE_KV, b->kt, b->q + r0, hs, scale, 3); break;
@@ -804,8 +806,9 @@ AI void attend_tile(const TileItem *it, TileBuffers *b, float scale, int bf, int
             online_softmax16(b->s, b->m, b->l, b->alpha, b->pw, b->n, padded, 0);
         }
         for (int r0 = 0; r0 < padded; r0 += RB)
-            if (BLOCK_SEES(r0)) pv_block(b, r0, n, hs, mode);
+            if (BLOCK_SEES(r0)) pv_block(b, r0, BLOCK_SEEN(r0), hs, mode);
 #undef BLOCK_SEES
+#undef BLOCK_SEEN
 #endif
     }
     for (int r = 0; r < rows; r++) {
