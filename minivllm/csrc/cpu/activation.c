@@ -15,8 +15,8 @@ AI void silu_and_mul_row(void *out, const void *gate, const void *up, int64_t d,
 }
 
 #ifdef __AVX512F__
-/* The same row 16 lanes at a time (exp16 is exp_f32's operations in the same order, so the same bits). gcc did
- * not vectorize the loop above well: 2.1e9 elements a second on both cores, a quarter of this. */
+/* The same row 16 lanes at a time (exp16 is exp_f32's operations in the same order, so the same bits): 2.9-3.1e9
+ * elements a second on both cores, where gcc's code for the loop above ran 2.1e9. */
 AI void silu_and_mul_row16(void *out, const void *gate, const void *up, int64_t d, int bf) {
     int64_t i = 0;
     for (; i + 16 <= d; i += 16) {

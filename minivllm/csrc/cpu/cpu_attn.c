@@ -386,8 +386,8 @@ AI Prefetch block_rows(const History *h, const bf16 *cache, int64_t j, int64_t k
     return pf;
 }
 
-/* P.V of one KV block for `heads` query heads from `first` on: acc_f (float32, heads x head_size, in pv_pair_dp's
- * lane order) += their probabilities at positions p0 .. p0 + n - 1 times the block's V rows from vr on. */
+/* P.V of one KV block for `heads` query heads: acc_f (float32, heads x head_size, in pv_pair_dp's lane order) +=
+ * their probabilities pr[g * pstride + i] times the block's V rows vr, vr + row, ... (i < n). */
 AI void pv_block_dp(float *acc_f, const bf16 *vr, int64_t row, const bf16 *pr, int64_t pstride, int heads, int nz,
                     int64_t n, Prefetch *pf) {
     __m512 acc[16];
@@ -401,8 +401,9 @@ AI void pv_block_dp(float *acc_f, const bf16 *vr, int64_t row, const bf16 *pr, i
 
 /* attend_decode_avx512's item (one query token; the qpk query heads of KV heads kvh0 .. kvh0 + nkv - 1) with bf16
  * dot products, in the same three passes a KV block at a time. While the K pass computes a block, the next K
- * block comes into L2, and so does this block's V where the whole history's V fits in a quarter of L2 (the P.V
- * pass then reads it from there); otherwise the P.V pass fetches its next block the same way. scores: float32,
+ * block comes into L2, and so does this block's V where the item's whole V is at most 256 KB (a quarter of a
+ * Zen 4 core's L2; the P.V pass then reads it from there); otherwise the P.V pass fetches its next block the
+ * same way. scores: float32,
  * [heads][seq]; probs: bf16, [heads][seq + 2] (two zeros after the last). */
 AI void attend_decode_dp(bf16 *out, const bf16 *q, const History *h, int64_t kvh0, int64_t nkv, int64_t qpk,
                          float scale, float *scores, bf16 *probs, float *acc, float *maxs, int nz) {
@@ -634,9 +635,9 @@ AI void pv_f32(float *o, const float *p, const float *alpha, const float *v, int
  * 2w, 2w + 1 of one position) are transposed to put positions in lanes; P.V sums over positions, so
  * V is re-paired to put (position 2m, position 2m + 1) of one dimension in each word. */
 
-/* kt[w * TILE_KV + c] = word w of K[p0 + c] (dims 2w, 2w + 1); positions past n are zero up to the next multiple
- * of 16 (scores_dp reads no further). With head_size
- * 80 a row is 40 words: blocks of 16, 16 and a last one of 8 (a masked load; its columns 8..15 unused). */
+/* kt[w * TILE_KV + c] = word w of K[p0 + c] (dims 2w, 2w + 1); positions from n to the next multiple of 16 are
+ * zero (scores_dp reads no further). With head_size 80 a row is 40 words: blocks of 16, 16 and a last one of 8
+ * (a masked load; its columns 8..15 unused). */
 AI void pack_k_dp(uint32_t *kt, const History *h, const int64_t *off, int n) {
     int64_t words = h->head_size / 2;
     for (int c0 = 0; c0 < n; c0 += 16)
