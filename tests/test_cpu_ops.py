@@ -166,7 +166,7 @@ ATTENTION_LAYOUTS = [
     (9, 3, 64, 5),  # an odd block size: bf16 P.V takes positions in pairs, so each block ends on an unpaired one
     (4, 4, 32, 8),  # no grouping
     (16, 1, 80, 16),  # 16 query heads on one KV head; head_size 80, not a multiple of 32
-    (10, 2, 80, 4),  # five heads per KV head: 9 tokens a tile, 45 rows padded to 48
+    (10, 2, 80, 4),  # five heads per KV head: 19 tokens a tile, 95 rows padded to 96
     (6, 2, 72, 32),  # a head size the vector paths do not take: plain-C tiles and rows
     (8, 2, 128, 16),
 ]
