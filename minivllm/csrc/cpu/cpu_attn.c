@@ -363,20 +363,22 @@ AI void pv_pair_dp(__m512 *acc, const bf16 *va, const bf16 *vb, const bf16 *pr, 
 typedef struct {
     const char *from;       /* the block's first row, at the item's first KV head */
     int64_t stride, lines;  /* bytes from row to row; 64-byte lines of the item's part of each row */
-    int64_t total, slices, next;  /* lines in all; slices to hand them out in, and the next slice */
+    int64_t total, slices;  /* lines in all, handed out over `slices` calls */
+    int64_t due, issued, row, line;  /* the running count (Bresenham's, no division), lines issued, the next one */
 } Prefetch;
 
 AI void prefetch_slice(Prefetch *pf) {
-    if (!pf->from || pf->next >= pf->slices) return;
-    for (int64_t l = pf->total * pf->next / pf->slices, end = pf->total * (pf->next + 1) / pf->slices; l < end; l++)
-        _mm_prefetch(pf->from + l / pf->lines * pf->stride + l % pf->lines * 64, _MM_HINT_T1);
-    pf->next++;
+    if (!pf->from) return;
+    for (pf->due += pf->total; pf->due >= pf->slices && pf->issued < pf->total; pf->due -= pf->slices, pf->issued++) {
+        _mm_prefetch(pf->from + pf->row * pf->stride + pf->line * 64, _MM_HINT_T1);
+        if (++pf->line == pf->lines) pf->line = 0, pf->row++;
+    }
 }
 
 /* Block j of h's history in `cache` (its rows 0 .. n - 1, KV heads kvh0 .. kvh0 + nkv - 1); nothing for j < 0 or
  * past the history. */
 AI Prefetch block_rows(const History *h, const bf16 *cache, int64_t j, int64_t kvh0, int64_t nkv, int64_t slices) {
-    Prefetch pf = {NULL, 0, 1, 0, slices, 0};
+    Prefetch pf = {NULL, 0, 1, 0, slices, 0, 0, 0, 0};
     int64_t p0 = j * h->block_size;
     if (j >= 0 && p0 < h->seq_len) {
         int64_t n = h->seq_len - p0 < h->block_size ? h->seq_len - p0 : h->block_size;
