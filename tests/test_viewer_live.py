@@ -8,12 +8,14 @@ no viewer, with one, and after it left; the window keeps the last --trace-max-st
 """
 from __future__ import annotations
 
+import http.client
 import json
 import socket
 import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 import urllib.request
 
 import pytest
@@ -23,14 +25,22 @@ from test_viewer import READ_PAGE, assert_no_console_error, assert_step_matches_
 
 class EventReader:
     """/trace/events read as the page reads it, on a thread: the window's events, the prelude, and a wake-up
-    per message (tests wait on it with a timeout, never sleep)."""
+    per message (tests wait on it with a timeout, never sleep). `close` shuts the socket down, which ends the
+    thread's blocked read at once (closing the response alone would wait for the read's own timeout: the
+    thread holds the response's buffer lock while it reads)."""
 
     def __init__(self, base: str) -> None:
         self.events: list[dict] = []
         self.prelude: list[dict] = []
         self.cond = threading.Condition()
         self.messages = 0
-        self.response = urllib.request.urlopen(base + "/trace/events", timeout=120)
+        url = urllib.parse.urlsplit(base)
+        self.connection = http.client.HTTPConnection(url.hostname, url.port, timeout=120)
+        self.connection.connect()
+        self.socket = self.connection.sock
+        self.connection.request("GET", "/trace/events")
+        self.response = self.connection.getresponse()
+        assert self.response.status == 200, self.response.status
         self.thread = threading.Thread(target=self._read, daemon=True)
         self.thread.start()
 
@@ -46,7 +56,7 @@ class EventReader:
                     self.prelude = m["prelude"]
                     self.messages += 1
                     self.cond.notify_all()
-        except (OSError, ValueError):
+        except (OSError, ValueError, http.client.HTTPException):
             return  # closed by the test
 
     def wait_for(self, predicate, timeout: float = 120) -> None:
@@ -58,7 +68,11 @@ class EventReader:
                 if o["finish_reason"]}
 
     def close(self) -> None:
+        self.socket.shutdown(socket.SHUT_RDWR)
+        self.thread.join(timeout=30)
+        assert not self.thread.is_alive(), "the reading thread did not end when its socket was shut down"
         self.response.close()
+        self.connection.close()
 
 
 def _free_port() -> int:
