@@ -1,6 +1,7 @@
 """The public API end to end: both process modes, sampling, stops, bad input, failures."""
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import time
@@ -156,6 +157,24 @@ def test_shutdown_leaves_no_child(tiny_llama_folder):
     llm.generate(["hi there"], SamplingParams(max_tokens=2), use_tqdm=False)
     llm.shutdown()
     assert not process.is_alive()
+
+
+def test_start_up_freezes_the_heap_and_shutdown_hands_it_back(tiny_llama_folder):
+    """As vLLM's EngineCore: what start-up built leaves the collector's full passes (gc.freeze, utils/gc_utils.py)
+    until shutdown; start-up runs with the collector paused and leaves it as the caller had it."""
+    kw = dict(multiprocess=False, max_model_len=128)
+    gc.unfreeze()
+    llm = LLM(str(tiny_llama_folder), **kw)
+    assert gc.get_freeze_count() > 0 and gc.isenabled()
+    assert llm.generate(PROMPTS[:1], SamplingParams(max_tokens=3))[0].outputs[0].token_ids
+    llm.shutdown()
+    assert gc.get_freeze_count() == 0
+    gc.disable()
+    try:
+        with LLM(str(tiny_llama_folder), **kw):
+            assert not gc.isenabled()
+    finally:
+        gc.enable()
 
 
 def test_hub_id_already_in_the_local_hf_cache_loads(tiny_llama_folder, tmp_path, monkeypatch):

@@ -10,6 +10,7 @@ Left out: ZMQ sockets, data parallelism, batch queues for pipeline parallelism, 
 """
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import queue
@@ -26,6 +27,7 @@ from minivllm.executor.abstract import Executor
 from minivllm.models.loader import load_config, model_class_for
 from minivllm.profiler import TorchProfiler
 from minivllm.request import Request, RequestStatus
+from minivllm.utils.gc_utils import freeze_gc_heap, gc_paused
 
 logger = logging.getLogger("minivllm")
 
@@ -52,6 +54,7 @@ class EngineCore:
         logger.info("EngineCore ready: %s, %d KV blocks of %d tokens, max_model_len=%d, %s attention",
                     model_class_for(hf_config).__name__, self.num_gpu_blocks, config.block_size, self.max_model_len,
                     self.attention_backend)
+        freeze_gc_heap()  # what start-up built stays: keep the collector's full passes off it (utils/gc_utils.py)
 
     def _initialize_kv_caches(self, config: EngineConfig, hf_config) -> int:
         """As vLLM's: ask every worker what memory it has left, size one pool that fits the smallest, allocate it."""
@@ -87,8 +90,10 @@ class EngineCore:
             self.scheduler.update_draft_token_ids(draft_token_ids)
 
     def shutdown(self) -> None:
-        """Stop the executor's workers (their processes, under tensor parallelism); idempotent."""
+        """Stop the executor's workers (their processes, under tensor parallelism), and hand start-up's frozen
+        objects back to the collector (a dropped engine can then be freed); idempotent."""
         self.model_executor.shutdown()
+        gc.unfreeze()
 
     def get_num_free_blocks(self) -> int:
         return self.scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
@@ -156,7 +161,8 @@ def run_engine_core(config: EngineConfig, model_folder: str, input_queue, output
     init_engine_core_logger()
     send = output_conn.send
     try:
-        core = EngineCore(config, model_folder)
+        with gc_paused():  # start-up (utils/gc_utils.py); EngineCore freezes what it built as it ends
+            core = EngineCore(config, model_folder)
         send(EngineCoreReady(core.info()))
     except BaseException as e:  # a bad model or config: tell the caller, then exit
         refused = isinstance(e, ValueError)  # bad input: the caller gets the ValueError itself

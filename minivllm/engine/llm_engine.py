@@ -18,27 +18,29 @@ from minivllm.engine.output_processor import OutputProcessor
 from minivllm.engine.processor import Processor, resolve_engine_config
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import SamplingParams
+from minivllm.utils.gc_utils import gc_paused
 
 logger = logging.getLogger("minivllm")
 
 
 class LLMEngine:
     def __init__(self, config: EngineConfig, multiprocess: bool | None = None) -> None:
-        from transformers import AutoTokenizer
-        # "auto" resolved once, in processor.py, for this process and EngineCore's; AsyncLLM comes through here too
-        config, self.model_folder, self.hf_config = resolve_engine_config(config)
-        self.config = config
-        self.tokenizer = AutoTokenizer.from_pretrained(self.model_folder)
-        self.sampling_overrides = default_sampling_overrides(self.model_folder, config.generation_config)
-        if self.sampling_overrides:
-            logger.info("Default sampling parameters from the model's generation_config.json: %s (pass "
-                        "generation_config='vllm' to ignore them)", self.sampling_overrides)
-        self.engine_core = self._make_engine_core(multiprocess)
-        self.info = self.engine_core.info
-        self.processor = Processor(config, self.tokenizer, self.hf_config.vocab_size, self.info)
-        self.output_processor = OutputProcessor(self.tokenizer)
-        self._request_counter = itertools.count()
-        self.tracer = None
+        with gc_paused():  # start-up: what it builds lives on (utils/gc_utils.py)
+            from transformers import AutoTokenizer
+            # "auto" resolved once, in processor.py, for this process and EngineCore's; AsyncLLM comes through here too
+            config, self.model_folder, self.hf_config = resolve_engine_config(config)
+            self.config = config
+            self.tokenizer = AutoTokenizer.from_pretrained(self.model_folder)
+            self.sampling_overrides = default_sampling_overrides(self.model_folder, config.generation_config)
+            if self.sampling_overrides:
+                logger.info("Default sampling parameters from the model's generation_config.json: %s (pass "
+                            "generation_config='vllm' to ignore them)", self.sampling_overrides)
+            self.engine_core = self._make_engine_core(multiprocess)
+            self.info = self.engine_core.info
+            self.processor = Processor(config, self.tokenizer, self.hf_config.vocab_size, self.info)
+            self.output_processor = OutputProcessor(self.tokenizer)
+            self._request_counter = itertools.count()
+            self.tracer = None
 
     def _make_engine_core(self, multiprocess: bool | None):
         """The EngineCore client: in-process or a child process (AsyncLLM: always its asyncio client)."""

@@ -28,6 +28,7 @@ from minivllm.distributed.parallel_state import (destroy_distributed_environment
                                                  init_distributed_environment, initialize_model_parallel)
 from minivllm.models.loader import get_model, load_config
 from minivllm.outputs import ModelRunnerOutput
+from minivllm.utils.gc_utils import freeze_gc_heap
 from minivllm.worker.gpu_model_runner import GPUModelRunner
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -105,9 +106,11 @@ class Worker:
 
     def compile_or_warm_up_model(self) -> None:
         """vLLM's: with the KV cache in place, capture the graphs. Here the CPU graphs of decode batches
-        (minivllm/compilation/cpu_graph.py); nothing is compiled."""
+        (minivllm/compilation/cpu_graph.py); nothing is compiled. Then, as vLLM's, freeze this process's heap
+        (utils/gc_utils.py)."""
         if self.model_runner.cpu_graph is not None:
             self.model_runner.cpu_graph.capture_model()
+        freeze_gc_heap()
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         return self.model_runner.execute_model(scheduler_output)

@@ -39,6 +39,7 @@ from minivllm.entrypoints.openai.serving_completion import OpenAIServingCompleti
 from minivllm.entrypoints.openai.serving_engine import (ServerShuttingDownError, create_error_response,
                                                         error_from_exception)
 from minivllm.entrypoints.utils import RequestBodyLimit, body_error_message, check_unicode, with_cancellation
+from minivllm.utils.gc_utils import freeze_gc_heap
 
 GRACEFUL_SHUTDOWN_S = 5  # uvicorn's wait for requests at SIGTERM; they get a 503 one second before it ends
 
@@ -93,6 +94,7 @@ def build_app(engine: AsyncLLM, trust_request_chat_template: bool = False,
     async def lifespan(app: FastAPI):
         app.state.loop = asyncio.get_running_loop()
         app.state.engine, app.state.live_trace = engine, live_trace
+        freeze_gc_heap()  # as vLLM's server: the app and its engine client are built for good
         yield
         chat.shutdown()
         engine.shutdown()  # the server is stopping: stop EngineCore with it
