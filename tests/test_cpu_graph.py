@@ -43,7 +43,7 @@ def test_replayed_decode_steps_match_the_eager_forward_bit_for_bit(tiny_llama_fo
         assert graph.template is None and graph.num_replays == 0
         return
     assert graph.template.sizes == range(1, 257)
-    assert graph.num_replays >= 20 and len(graph._bound) == 9  # every batch size 1..9 replayed
+    assert graph.num_replays >= 20 and graph.sizes_replayed == set(range(1, 10))  # every size 1..9
 
 
 def test_smollm2_bf16_replays_match_eager(smollm_folder):

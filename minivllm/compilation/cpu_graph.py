@@ -21,7 +21,7 @@ As vLLM's FULL_DECODE_ONLY mode, only uniform decode batches run as graphs (ever
 drafts), captured at start-up (`capture_model`) after the KV cache is allocated. Where vLLM captures a graph
 per size in a list and pads a batch up to the next (a padded row costs a CPU its full arithmetic), minivllm
 records the forward twice, at the largest size and at two requests, and keeps one template: the arguments that
-differ between the two are exactly the row count, patched per size, so every size 1..max runs unpadded (as
+differ between the two are exactly the row count, set at each replay, so every size 1..max runs unpadded (as
 torch.compile's one graph with a symbolic num_tokens). Every other scalar a C op takes is frozen at capture, as a
 CUDA graph's kernel arguments are: a kernel must read what changes from step to step (positions, sequence lengths,
 block tables, slots) from tensors, as all of minivllm's do. The graph covers the decoder layers and the final norm;
@@ -60,8 +60,11 @@ class CPUGraphWrapper:
         self.block_table = torch.zeros(n, max_num_blocks_per_req, dtype=torch.int32)
         self.template: Template | None = None
         self.arena = torch.empty(0, dtype=torch.uint8)
-        self._bound: dict[int, tuple[list, torch.Tensor]] = {}  # rows -> (ctypes calls, output view)
+        self._calls: list = []  # (function, ctypes arguments): the template bound to the arena (`_bind`)
+        self._rows: list = []  # the ctypes objects standing for the row count in those calls, set per replay
+        self._output: torch.Tensor | None = None  # the output's view at the largest size; a replay's is its rows
         self.num_replays = 0
+        self.sizes_replayed: set[int] = set()
 
     @classmethod
     def for_model(cls, model, attn_layers: dict, attention_backend: str, max_num_reqs: int,
@@ -82,7 +85,7 @@ class CPUGraphWrapper:
         # Two rows, not one, beside the largest: a single row's stride is whatever its view made it (unused).
         # Below three, one recording: its template serves that one size.
         sizes = (self.max_batch_size, 2) if self.max_batch_size > 2 else (self.max_batch_size,)
-        self.template, self._bound = None, {}
+        self.template, self._calls = None, []
         try:
             traces = [self._record(n) for n in sizes]
             kept = regions(tensors_kept(self.model, (self.inputs_embeds, self.positions, self.slot_mapping,
@@ -92,6 +95,7 @@ class CPUGraphWrapper:
             logger.info("CPU graphs off, every step runs eagerly: %s", e)
             return
         self.arena = torch.empty(self.template.arena_bytes, dtype=torch.uint8)
+        self._bind()
         logger.info("CPU graphs: decode batches of %d-%d requests replay %d C calls (arena %.2f MB)",
                     self.template.sizes[0], self.template.sizes[-1], len(self.template.calls), self.arena.numel() / 1e6)
 
@@ -126,23 +130,29 @@ class CPUGraphWrapper:
         self.inputs_embeds[:n] = self.model.get_input_embeddings(b.input_ids)
         self.positions[:n], self.slot_mapping[:n], self.seq_lens[:n] = b.positions, b.slot_mapping, b.seq_lens
         self.block_table[:n, :b.block_table.shape[1]] = b.block_table
-        calls, out = self._bound.get(n) or self._bind(n)
-        for fn, args in calls:
+        for rows in self._rows:
+            rows.value = n
+        for fn, args in self._calls:
             fn(*args)
         self.num_replays += 1
-        return out
+        self.sizes_replayed.add(n)
+        return self._output[:n]
 
-    def _bind(self, n: int) -> tuple[list, torch.Tensor]:
-        """The template's calls for n rows on this arena, and the output's view: made once per size. Each argument
-        is made its C type once, here, and the functions are untyped copies, so a call converts nothing: 0.85
-        instead of 1.75 us for a call of 17 arguments (ctypes' argtypes convert every argument on every call)."""
+    def _bind(self) -> None:
+        """The template's calls on this arena, each argument made its C type once, here, and the functions
+        untyped copies, so a replay converts nothing: 0.85 instead of 1.75 us for a call of 17 arguments
+        (ctypes' argtypes convert every argument on every call). Every argument that is the row count is one
+        shared object per C type, whose value a replay sets: ctypes reads it at each call, so one binding
+        serves every size (binding per size cost 4.4 ms the first time each size came)."""
         base, lib, (offset, hidden, dtype) = self.arena.data_ptr(), _C._lib, self.template.output
-        calls = []
+        rows: dict = {}  # C type -> the object every row-count argument of that type is
+        self._calls = []
         for name, args in self.template.calls:
             fn = lib._FuncPtr((name, lib))  # no argtypes: the arguments below are ctypes objects already
             fn.restype = None
-            values = (n if a is ROWS else base + a if type(a) is At else a for a in args)
-            calls.append((fn, tuple(kind(v) for kind, v in zip(_C.SIGNATURES[name][0], values))))
-        out = self.arena[offset:offset + n * hidden * dtype.itemsize].view(dtype).view(n, hidden)
-        self._bound[n] = calls, out
-        return calls, out
+            self._calls.append((fn, tuple(rows.setdefault(kind, kind(0)) if a is ROWS else
+                                          kind(base + a if type(a) is At else a)
+                                          for kind, a in zip(_C.SIGNATURES[name][0], args))))
+        self._rows = list(rows.values())
+        largest = self.template.sizes[-1]
+        self._output = self.arena[offset:offset + largest * hidden * dtype.itemsize].view(dtype).view(largest, hidden)
