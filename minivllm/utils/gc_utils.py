@@ -13,8 +13,9 @@ and undoes it (`gc.unfreeze`) when EngineCore shuts down, so that an engine buil
 `gc_paused` is minivllm's own (vLLM has none): start-up builds objects that nearly all live on, and while
 the heap grows the collector keeps walking all of it (SmolLM2's EngineCore child made four full passes of 80-160
 ms while transformers imported, before the model was loaded). LLMEngine and the EngineCore child build with the
-collector off, and freeze_gc_heap's collection at the end of start-up finds whatever cycles it left: `LLM()` took
-6.6-6.8 s instead of 8.0-8.3 s on that machine, three alternating runs.
+collector off, and freeze_gc_heap's collection at the end of start-up finds whatever cycles it left:
+`LLM(dtype="bfloat16")` took 7.07-7.67 s instead of 7.69-8.35 s on that machine (fresh processes, three
+alternating runs, EngineCore's spawn and imports included).
 """
 from __future__ import annotations
 
