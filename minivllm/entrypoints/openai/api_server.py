@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import signal
 from http import HTTPStatus
 
@@ -98,6 +99,7 @@ def build_app(engine: AsyncLLM, trust_request_chat_template: bool = False,
         yield
         chat.shutdown()
         engine.shutdown()  # the server is stopping: stop EngineCore with it
+        gc.unfreeze()  # a server run in a thread (tests, notebooks) leaves its process collectable again
 
     app = FastAPI(title="minivllm", lifespan=lifespan)
     app.add_middleware(RequestBodyLimit, max_bytes=max_request_body_bytes)
