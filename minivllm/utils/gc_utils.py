@@ -8,7 +8,8 @@ batch ran up to 1.13x the second. `gc.freeze()` moves everything alive at that m
 collector never walks again; what the engine allocates later is collected as before.
 vLLM calls it at the end of EngineCore's start-up, after its workers' warm-up, and in the API server's lifespan,
 and undoes it (`gc.unfreeze`) when EngineCore shuts down, so that an engine built and dropped in one process
-(a test, a notebook) can still be collected: minivllm calls it in the same places.
+(a test, a notebook) can still be collected: minivllm calls it in the same places, and unfreezes again when its
+API server's lifespan ends (a server run in a thread; vLLM's server process simply exits).
 
 `gc_paused` is minivllm's own (vLLM has none): start-up builds objects that nearly all live on, and while
 the heap grows the collector keeps walking all of it (SmolLM2's EngineCore child made four full passes of 80-160
