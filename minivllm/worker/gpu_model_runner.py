@@ -1,12 +1,12 @@
 """Mirror of vllm/v1/worker/gpu_model_runner.py: SchedulerOutput in, sampled tokens out.
 
-Keeps per-request state (rows of InputBatch), applies each SchedulerOutput as a delta, packs the scheduled tokens
-on one dimension, installs forward_context, runs the model, projects only the `logits_indices` rows through lm_head
-and samples; prompt_logprobs requests get their prompt rows through lm_head chunk by chunk, as vLLM's
-_get_prompt_logprobs_dict. The Worker builds it over a loaded model and gives it its KV cache; after a step
-`last_batch` / `last_attn_metadata` hold what it packed (for tracing). On the CPU, decode batches run as CPU graphs
-(`cpu_graph`, minivllm/compilation/cpu_graph.py, in CUDA graphs' place) unless enforce_eager. With speculative
-decoding a request's drafts are packed after its last token, its last d + 1 rows go through lm_head,
+Keeps per-request state (rows of InputBatch), applies each SchedulerOutput as a delta, packs the scheduled tokens on
+one dimension, installs forward_context, runs the model (which returns only the `logits_indices` rows, ours: see
+models/llama.py), projects those rows through lm_head and samples; prompt_logprobs requests need every row and take
+them through lm_head chunk by chunk, as vLLM's _get_prompt_logprobs_dict. The Worker builds it over a loaded model
+and gives it its KV cache; `last_batch` / `last_attn_metadata` hold a step's packed input (tracing). On the CPU,
+decode batches run as CPU graphs (compilation/cpu_graph.py, in CUDA graphs' place) unless enforce_eager. With
+speculative decoding a request's drafts are packed after its last token, its last d + 1 rows go through lm_head,
 worker/sampling_step.py verifies them, and the NgramProposer drafts the next step's (ModelRunnerOutput.spec_token_ids).
 Left out: CUDA graphs, torch.compile, pipeline parallelism, LoRA, multimodal inputs, async output copies.
 """
@@ -121,8 +121,7 @@ class GPUModelRunner:
         for new in so.scheduled_new_reqs:
             params = new.sampling_params
             self.sampling_state.add_request(new.req_id, params, len(new.prompt_token_ids))
-            if params.prompt_logprobs is not None:
-                k = params.prompt_logprobs
+            if (k := params.prompt_logprobs) is not None:
                 self.num_prompt_logprobs[new.req_id] = self.vocab_size if k == -1 else k
             batch.add_request(new.req_id, new.prompt_token_ids, new.block_ids)
         cached = so.scheduled_cached_reqs
@@ -221,12 +220,13 @@ class GPUModelRunner:
         if self.cpu_graph is not None and self.cpu_graph.takes(b):  # a decode batch: captured or replayed
             hidden_states = self.cpu_graph(b)
         else:
-            with set_forward_context(attn_metadata, self.attn_layers, slot_mapping=b.slot_mapping):
-                hidden_states = self.model(b.input_ids, b.positions)  # [num_tokens, hidden_size]
+            keep = {} if self.num_prompt_logprobs else {"logits_indices": b.logits_indices}  # those need every row
+            with set_forward_context(attn_metadata, self.attn_layers, b.slot_mapping, additional_kwargs=keep):
+                hidden_states = self.model(b.input_ids, b.positions)  # [num_tokens or num_logits, hidden_size]
         prompt_logprobs = self._get_prompt_logprobs_dict(b, hidden_states) if self.num_prompt_logprobs else {}
         sampling_ids = [b.req_ids[i] for i in b.sampling_req_indices]
-        # [num_logits, vocab_size]: one row per sampling request, or d + 1 for one verifying d drafts
-        logits = self.model.compute_logits(hidden_states[b.logits_indices])
+        rows = hidden_states if len(hidden_states) == len(b.logits_indices) else hidden_states[b.logits_indices]
+        logits = self.model.compute_logits(rows)  # [num_logits, vocab]; equal lengths: kept, or arange (all sample)
         outputs, sampled_logprobs = sample_tokens(self.sampler, self.rejection_sampler, self.sampling_state,
                                                   self.input_batch, logits, sampling_ids, b.spec_decode_metadata) \
             if sampling_ids else ([], None)
