@@ -11,12 +11,13 @@ Under tensor parallelism each worker builds the same model with its shard of eve
 MLP, two all-reduces per layer. `compute_logits` runs lm_head only on the rows the runner
 selected with logits_indices.
 
-Where we differ from vLLM: when forward_context's additional_kwargs carry "logits_indices" (the runner sets it
-when no row of the step needs more, i.e. no prompt logprobs), the last layer keeps only those
-rows after its attention, so its o_proj and MLP skip every prompt row that samples nothing,
-and the forward returns [num_logits, hidden_size]. Every layer still writes every row's K/V.
-A 32-prompt prefill of 4,576 tokens skips 4,544 rows of one layer's o_proj and MLP (about
-1/35 of the step's GEMM work). vLLM's Llama returns every row and the runner selects them.
+Where we differ from vLLM: when forward_context's additional_kwargs carry "logits_indices"
+(the runner sets them when no row of the step needs more, i.e. no prompt logprobs), the last
+layer keeps only those rows after its attention, so its o_proj and MLP skip every prompt row
+that samples nothing, and the forward returns [num_logits, hidden_size]. Every layer still
+writes every row's K/V. A 32-prompt prefill of 4,576 tokens skips 4,544 rows of one layer's
+o_proj and MLP (about 1/35 of the step's GEMM work). vLLM's Llama returns every row and its
+runner selects them.
 Left out: pipeline parallelism, LoRA, quantization.
 """
 from __future__ import annotations
