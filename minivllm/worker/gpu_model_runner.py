@@ -1,8 +1,8 @@
 """Mirror of vllm/v1/worker/gpu_model_runner.py: SchedulerOutput in, sampled tokens out.
 
 Keeps per-request state (rows of InputBatch), applies each SchedulerOutput as a delta, packs the scheduled tokens on
-one dimension, installs forward_context, runs the model (which returns only the `logits_indices` rows, ours: see
-models/llama.py), projects those rows through lm_head and samples; prompt_logprobs requests need every row and take
+one dimension, installs forward_context, runs the model (Llama returns only the `logits_indices` rows, ours: see
+models/llama.py; OPT every row), projects those rows through lm_head and samples; prompt_logprobs requests need every row and take
 them through lm_head chunk by chunk, as vLLM's _get_prompt_logprobs_dict. The Worker builds it over a loaded model
 and gives it its KV cache; `last_batch` / `last_attn_metadata` hold a step's packed input (tracing). On the CPU,
 decode batches run as CPU graphs (compilation/cpu_graph.py, in CUDA graphs' place) unless enforce_eager. With
