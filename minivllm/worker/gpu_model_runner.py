@@ -1,14 +1,14 @@
 """Mirror of vllm/v1/worker/gpu_model_runner.py: SchedulerOutput in, sampled tokens out.
 
-Keeps per-request state (rows of InputBatch), applies each SchedulerOutput as a delta, packs the scheduled tokens on
-one dimension, installs forward_context, runs the model (Llama returns only the `logits_indices` rows, ours: see
-models/llama.py; OPT every row), projects those rows through lm_head and samples; prompt_logprobs requests need every row and take
-them through lm_head chunk by chunk, as vLLM's _get_prompt_logprobs_dict. The Worker builds it over a loaded model
-and gives it its KV cache; `last_batch` / `last_attn_metadata` hold a step's packed input (tracing). On the CPU,
-decode batches run as CPU graphs (compilation/cpu_graph.py, in CUDA graphs' place) unless enforce_eager. With
-speculative decoding a request's drafts are packed after its last token, its last d + 1 rows go through lm_head,
-worker/sampling_step.py verifies them, and the NgramProposer drafts the next step's (ModelRunnerOutput.spec_token_ids).
-Left out: CUDA graphs, torch.compile, pipeline parallelism, LoRA, multimodal inputs, async output copies.
+Keeps per-request state (InputBatch rows), applies each SchedulerOutput as a delta, packs the scheduled tokens on one
+dimension, installs forward_context, runs the model (Llama returns only the `logits_indices` rows, ours: see
+models/llama.py; OPT every row), projects those rows through lm_head and samples; prompt_logprobs requests need every
+row and take them through lm_head chunk by chunk, as vLLM's _get_prompt_logprobs_dict. The Worker builds it over a
+loaded model and gives it its KV cache; `last_batch` / `last_attn_metadata` hold a step's packed input. On the CPU,
+decode batches run as CPU graphs (compilation/cpu_graph.py, for CUDA graphs) unless enforce_eager. With speculative
+decoding a request's drafts are packed after its last token, its last d + 1 rows go through lm_head, sampling_step.py
+verifies them, and the NgramProposer drafts the next step's (its spec_token_ids). Left out: CUDA graphs,
+torch.compile, pipeline parallelism, LoRA, multimodal inputs, async output copies.
 """
 from __future__ import annotations
 
