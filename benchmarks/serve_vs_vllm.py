@@ -7,6 +7,8 @@ in [min-input, max-input] tokens, max_tokens uniform in [min-output, max-output]
 sampling: temperature 1), at most `--concurrency` in flight. Each round draws new prompts (the same ones for
 both servers in that round), so no round is helped by the prefix cache of an earlier one. Every round is
 printed: output tokens per second of wall time, time to first token (p50, p99) and time per output token.
+Before each round the machine must be idle (idle.py: a server winding down its last round would otherwise
+slow the other's); the wait is printed with the round.
 
     python benchmarks/serve_vs_vllm.py                                  # 64 prompts, 16 in flight, bf16
     python benchmarks/serve_vs_vllm.py --concurrency 64 --rounds 3
@@ -30,7 +32,10 @@ import time
 import urllib.request
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from idle import wait_until_idle  # noqa: E402
 
 
 def add_server_args(p: argparse.ArgumentParser) -> None:
@@ -156,11 +161,12 @@ def main(argv=None) -> None:
         for r in range(args.rounds):
             work = make_round(args, r, vocab)
             for name in (names if r % 2 == 0 else names[::-1]):
+                waited = wait_until_idle()
                 res = asyncio.run(run_load(servers[name][1], model[name], work, args.concurrency))
                 results[name].append(res)
                 print(f"round {r + 1} {name:<9} {res['tok_s']:7.1f} output tok/s  TTFT p50 {res['ttft_p50']:.2f} s "
-                      f"p99 {res['ttft_p99']:.2f} s  TPOT p50 {res['tpot_ms']:.0f} ms  ({res['wall']:.1f} s)",
-                      flush=True)
+                      f"p99 {res['ttft_p99']:.2f} s  TPOT p50 {res['tpot_ms']:.0f} ms  ({res['wall']:.1f} s; "
+                      f"idle after {waited:.1f} s)", flush=True)
             if len(names) == 2:
                 a, b = (results[n][-1]["tok_s"] for n in names)
                 print(f"round {r + 1}: {names[0]} / {names[1]} output tok/s = {a / b:.2f}x", flush=True)

@@ -1,7 +1,8 @@
 """How cost grows: minivllm's and vLLM's servers side by side, against concurrency and against prompt length.
 
 Both OpenAI servers run at once (benchmarks/serve_vs_vllm.py starts them; each is idle while the other is
-measured, and the order alternates from point to point). Two sweeps, each point a fresh set of random-id
+measured, the order alternates from point to point, and each point waits for an idle machine, idle.py).
+Two sweeps, each point a fresh set of random-id
 prompts used by both servers, streamed, ignore_eos, temperature 1:
 
 - concurrency 1, 4, 16, 64 in flight: max(16, 2 x concurrency) prompts of `--prompt-len` tokens, `--output-len`
@@ -33,6 +34,7 @@ sys.path.insert(0, str(HERE.parent))
 
 import serve_vs_vllm  # noqa: E402
 import throughput  # noqa: E402
+from idle import wait_until_idle  # noqa: E402
 
 CONCURRENCY = (1, 4, 16, 64)
 PROMPT_LENS = (64, 256, 1024, 2048)
@@ -136,6 +138,7 @@ def main(argv=None) -> None:
         for i, (sweep, x, work, concurrency) in enumerate(points(args)):
             row = {}
             for name in (names if i % 2 == 0 else names[::-1]):
+                wait_until_idle()  # idle.py: the server measured before may still be winding down
                 res = asyncio.run(serve_vs_vllm.run_load(servers[name][1], model[name], work, concurrency))
                 results[name].append({"sweep": sweep, "x": x, **res})
                 row[name] = res

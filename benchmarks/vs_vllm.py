@@ -4,8 +4,9 @@ The workload is benchmarks/throughput.py's (32 requests, prompts 16-256 tokens, 
 ignore_eos, seed 0). vLLM runs in its own virtual environment (see benchmarks/vllm_cpu.py for the
 install) as a child process that keeps its engine warm and runs one round each time it is asked, so
 the systems take turns (vLLM, minivllm-bf16, minivllm, then the reverse) and the machine's noise hits
-all of them. Before each round the machine must be idle (`wait_until_idle`: it stayed busy for 1.2-1.5 s after vLLM
-returned a round, 0.1-0.4 s after minivllm, and the next system's round used to pay for it); the waits are printed.
+all of them. Before each round the machine must be idle (idle.py's `wait_until_idle`: it stayed busy for 1.2-1.5 s after
+vLLM returned a round, 0.1-0.4 s after minivllm, and the next system's round used to pay for it); the waits are
+printed.
 Every round starts with the prefix cache reset in both engines, so each round prefills cold
 (the workload repeats, and a warm cache would turn rounds 2+ into cache hits). Every round is printed, then
 the best and the median of each, and how often the two bf16 engines' greedy tokens agree (where bf16 rounding lets them part, the first differing position is printed).
@@ -37,6 +38,7 @@ sys.path.insert(0, str(HERE.parent))
 os.environ.setdefault("MINIVLLM_LOGGING_LEVEL", "WARNING")
 
 import throughput  # noqa: E402
+from idle import wait_until_idle  # noqa: E402
 
 
 def start_vllm(args, folder: str, workload: Path, tokens: Path) -> subprocess.Popen:
@@ -135,29 +137,6 @@ def step_floor(config, prompts, max_tokens, dtype_bytes: int, rate: float, bandw
         decode += max(weights * dtype_bytes / bandwidth, 2 * weights * len(active) / rate)
         decode += sum(active) * kv_per_token / bandwidth
     return prefill, decode
-
-
-def cpu_busy_ticks() -> tuple[int, int]:
-    """(busy, total) clock ticks of all CPUs since boot, from /proc/stat (idle and iowait count as not busy)."""
-    ticks = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    return sum(ticks) - ticks[3] - ticks[4], sum(ticks)
-
-
-def wait_until_idle(window: float = 0.1, busy_below: float = 0.05, timeout: float = 10.0) -> float:
-    """Wait until the machine's CPUs were busy less than `busy_below` of a `window`, so that a round never starts
-    while the system measured before it still computes (after vLLM's rounds the CPUs stayed busy for 1.2-1.5 s).
-    Returns the seconds waited; gives up after `timeout`, or at once where /proc/stat is
-    missing."""
-    start = time.perf_counter()
-    if not Path("/proc/stat").exists():
-        return 0.0
-    while time.perf_counter() - start < timeout:
-        busy0, total0 = cpu_busy_ticks()
-        time.sleep(window)
-        busy1, total1 = cpu_busy_ticks()
-        if total1 > total0 and (busy1 - busy0) / (total1 - total0) < busy_below:
-            break
-    return time.perf_counter() - start
 
 
 def timed(engine, prompts, max_tokens) -> float:

@@ -66,7 +66,7 @@ def test_serving_benchmark_runs_against_a_real_server(tiny_llama_folder, capsys,
                                       "float32", "--max-model-len", "256"])
     runpy.run_path("benchmarks/serve_vs_vllm.py", run_name="__main__")
     out = capsys.readouterr().out
-    for text in ("minivllm server ready", "round 1 minivllm", "output tok/s", "TTFT p50", "TPOT p50"):
+    for text in ("minivllm server ready", "round 1 minivllm", "output tok/s", "TTFT p50", "TPOT p50", "idle after"):
         assert text in out
 
 
@@ -127,15 +127,16 @@ def test_the_offline_comparison_floor_is_the_sum_of_its_steps(monkeypatch):
 
 
 
-def test_the_offline_comparison_waits_for_an_idle_machine_and_gives_up_in_time(monkeypatch):
-    """vs_vllm.wait_until_idle reads /proc/stat's busy ticks: a bar every window clears returns after one window;
-    a bar none can clear (busy below a negative share) waits out the timeout and no longer."""
+def test_the_alternating_benchmarks_wait_for_an_idle_machine_and_give_up_in_time(monkeypatch):
+    """idle.wait_until_idle (vs_vllm, serve_vs_vllm, sweep) reads /proc/stat's busy ticks: a bar every window
+    clears returns after one window; a bar none can clear (busy below a negative share) waits out the timeout
+    and no longer."""
     monkeypatch.syspath_prepend("benchmarks")
-    import vs_vllm
-    busy, total = vs_vllm.cpu_busy_ticks()
+    import idle
+    busy, total = idle.cpu_busy_ticks()
     assert 0 <= busy <= total
-    assert vs_vllm.wait_until_idle(window=0.05, busy_below=2.0, timeout=5.0) < 1.0
-    waited = vs_vllm.wait_until_idle(window=0.05, busy_below=-1.0, timeout=0.3)
+    assert idle.wait_until_idle(window=0.05, busy_below=2.0, timeout=5.0) < 1.0
+    waited = idle.wait_until_idle(window=0.05, busy_below=-1.0, timeout=0.3)
     assert 0.3 <= waited < 1.0
 
 def test_cpu_graph_benchmark_runs_both_engines(tiny_llama_folder, capsys, monkeypatch):
