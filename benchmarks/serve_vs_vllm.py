@@ -6,7 +6,8 @@ official `openai` AsyncOpenAI, `--num-prompts` streamed completions of random-id
 in [min-input, max-input] tokens, max_tokens uniform in [min-output, max-output], ignore_eos, default
 sampling: temperature 1), at most `--concurrency` in flight. Each round draws new prompts (the same ones for
 both servers in that round), so no round is helped by the prefix cache of an earlier one. Every round is
-printed: output tokens per second of wall time, time to first token (p50, p99) and time per output token.
+printed: output tokens per second of wall time, time to first token (p50, p99, and the p50 of the opening
+burst and of the requests sent after it) and time per output token.
 Before each round the machine must be idle (idle.py: a server winding down its last round would otherwise
 slow the other's); the wait is printed with the round.
 
@@ -103,36 +104,41 @@ def make_round(args, r: int, vocab_size: int) -> list[tuple[list[int], int]]:
 
 
 async def run_load(base: str, model: str, work, concurrency: int) -> dict:
+    """One round: every (prompt, max_tokens) of `work` streamed, at most `concurrency` in flight. Besides the
+    round's TTFT p50 and p99, the p50 of the opening burst (the first `concurrency` requests, sent at once) and
+    of the rest (each sent as an earlier one finished): with twice as many prompts as slots, the round's p50
+    falls between the two groups, on the slowest of the rest or the burst's first."""
     import openai
     client = openai.AsyncOpenAI(base_url=base + "/v1", api_key="EMPTY", max_retries=0, timeout=600)
     gate = asyncio.Semaphore(concurrency)
-    ttft, tpot, produced = [], [], 0
+    ttft, tpot, produced = {}, [], 0
 
-    async def one(prompt, max_tokens):
+    async def one(i, prompt, max_tokens):
         nonlocal produced
         async with gate:
             start = time.perf_counter()
             first = last = None
-            tokens = 0
             stream = await client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens, stream=True,
                                                      extra_body={"ignore_eos": True})
             async for chunk in stream:
                 if chunk.choices and chunk.choices[0].text:
                     last = time.perf_counter()
                     first = first or last
-                    tokens += 1
             produced += max_tokens
-            ttft.append(first - start)
+            ttft[i] = first - start
             if max_tokens > 1:
                 tpot.append((last - first) / (max_tokens - 1))
 
     start = time.perf_counter()
-    await asyncio.gather(*(one(p, n) for p, n in work))
+    await asyncio.gather(*(one(i, p, n) for i, (p, n) in enumerate(work)))
     wall = time.perf_counter() - start
     await client.close()
-    q = statistics.quantiles(ttft, n=100)
-    return {"wall": wall, "tok_s": produced / wall, "ttft_p50": statistics.median(ttft), "ttft_p99": q[98],
-            "tpot_ms": 1e3 * statistics.median(tpot)}
+    times = list(ttft.values())
+    rest = [t for i, t in ttft.items() if i >= concurrency]
+    return {"wall": wall, "tok_s": produced / wall, "ttft_p50": statistics.median(times),
+            "ttft_p99": statistics.quantiles(times, n=100)[98],
+            "ttft_p50_burst": statistics.median(t for i, t in ttft.items() if i < concurrency),
+            "ttft_p50_rest": statistics.median(rest) if rest else None, "tpot_ms": 1e3 * statistics.median(tpot)}
 
 
 def main(argv=None) -> None:
@@ -164,9 +170,10 @@ def main(argv=None) -> None:
                 waited = wait_until_idle()
                 res = asyncio.run(run_load(servers[name][1], model[name], work, args.concurrency))
                 results[name].append(res)
+                rest = "" if res["ttft_p50_rest"] is None else f", the rest {res['ttft_p50_rest']:.2f} s"
                 print(f"round {r + 1} {name:<9} {res['tok_s']:7.1f} output tok/s  TTFT p50 {res['ttft_p50']:.2f} s "
-                      f"p99 {res['ttft_p99']:.2f} s  TPOT p50 {res['tpot_ms']:.0f} ms  ({res['wall']:.1f} s; "
-                      f"idle after {waited:.1f} s)", flush=True)
+                      f"p99 {res['ttft_p99']:.2f} s (p50 of the opening burst {res['ttft_p50_burst']:.2f} s{rest})  "
+                      f"TPOT p50 {res['tpot_ms']:.0f} ms  ({res['wall']:.1f} s; idle after {waited:.1f} s)", flush=True)
             if len(names) == 2:
                 a, b = (results[n][-1]["tok_s"] for n in names)
                 print(f"round {r + 1}: {names[0]} / {names[1]} output tok/s = {a / b:.2f}x", flush=True)

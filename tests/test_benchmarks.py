@@ -66,7 +66,8 @@ def test_serving_benchmark_runs_against_a_real_server(tiny_llama_folder, capsys,
                                       "float32", "--max-model-len", "256"])
     runpy.run_path("benchmarks/serve_vs_vllm.py", run_name="__main__")
     out = capsys.readouterr().out
-    for text in ("minivllm server ready", "round 1 minivllm", "output tok/s", "TTFT p50", "TPOT p50", "idle after"):
+    for text in ("minivllm server ready", "round 1 minivllm", "output tok/s", "TTFT p50", "TPOT p50", "idle after",
+                 "p50 of the opening burst", "the rest"):
         assert text in out
 
 
