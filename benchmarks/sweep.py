@@ -2,8 +2,8 @@
 
 Both OpenAI servers run at once (benchmarks/serve_vs_vllm.py starts them; each is idle while the other is
 measured, the order alternates from point to point, and each point waits for an idle machine, idle.py).
-Two sweeps, each point a fresh set of random-id
-prompts used by both servers, streamed, ignore_eos, temperature 1:
+Two sweeps, each point a fresh set of random-id prompts used by both servers, streamed, ignore_eos,
+temperature 1:
 
 - concurrency 1, 4, 16, 64 in flight: max(16, 2 x concurrency) prompts of `--prompt-len` tokens, `--output-len`
   tokens each; output tokens per second and time per output token (TPOT, p50).
