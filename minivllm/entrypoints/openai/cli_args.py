@@ -12,7 +12,7 @@ DEFAULT_TRACE_MAX_STEPS = 200  # the live /trace page's window (minivllm.tracing
 DEFAULT_MAX_REQUEST_BODY_BYTES = 16 << 20  # 16 MiB: any prompt max_model_len can hold, many times over
 # vLLM's defaults for its OpenAI server on a CPU (EngineArgs.get_batch_defaults, UsageContext.OPENAI_API_SERVER):
 # a smaller step than the offline LLM's, so a burst of prompts is prefilled in chunks and the first of them
-# stream sooner. `LLM` keeps EngineConfig's 8192 / 256 (vLLM's offline CPU default is 4096 / 256: see the README).
+# stream sooner. `LLM` takes vLLM's LLM-class defaults instead (config.batch_default: 4096 per rank on a CPU; 256).
 SERVER_MAX_NUM_BATCHED_TOKENS, SERVER_MAX_NUM_SEQS = 2048, 128
 
 
