@@ -4,9 +4,8 @@ The workload is benchmarks/throughput.py's (32 requests, prompts 16-256 tokens, 
 ignore_eos, seed 0). vLLM runs in its own virtual environment (see benchmarks/vllm_cpu.py for the
 install) as a child process that keeps its engine warm and runs one round each time it is asked, so
 the systems take turns (vLLM, minivllm-bf16, minivllm, then the reverse) and the machine's noise hits
-all of them. Before each round the machine must be idle (idle.py's `wait_until_idle`: it stayed busy for
-1.2-1.5 s after vLLM returned a round, 0.1-0.4 s after minivllm, and the next system's round used to pay for
-it); the waits are printed. Every round starts with the prefix cache reset in both engines, so each round
+all of them. Before each round the machine must be idle (idle.py's `wait_until_idle`, which says why); the
+waits are printed. Every round starts with the prefix cache reset in both engines, so each round
 prefills cold (the workload repeats, and a warm cache would turn rounds 2+ into cache hits). Every round is
 printed, then the best and the median of each, and how often the two bf16 engines' greedy tokens agree (where
 bf16 rounding lets them part, the first differing position is printed).

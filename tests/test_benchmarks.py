@@ -127,7 +127,6 @@ def test_the_offline_comparison_floor_is_the_sum_of_its_steps(monkeypatch):
     assert vs_vllm.step_floor(config, [[1, 2, 3], [4]], [3, 1], 1, 1.0, 1.0) == (200.0, 148.0)
 
 
-
 def test_the_alternating_benchmarks_wait_for_an_idle_machine_and_give_up_in_time(monkeypatch):
     """idle.wait_until_idle (vs_vllm, serve_vs_vllm, sweep) reads /proc/stat's busy ticks: a bar every window
     clears returns after one window; a bar none can clear (busy below a negative share) waits out the timeout
@@ -139,6 +138,7 @@ def test_the_alternating_benchmarks_wait_for_an_idle_machine_and_give_up_in_time
     assert idle.wait_until_idle(window=0.05, busy_below=2.0, timeout=5.0) < 1.0
     waited = idle.wait_until_idle(window=0.05, busy_below=-1.0, timeout=0.3)
     assert 0.3 <= waited < 1.0
+
 
 def test_cpu_graph_benchmark_runs_both_engines(tiny_llama_folder, capsys, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["cpu_graph.py", "--model", str(tiny_llama_folder), "--quick", "--rounds", "2",
