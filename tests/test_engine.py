@@ -285,4 +285,20 @@ def test_the_token_budget_defaults_to_vllms_llm_class_defaults(tiny_llama_folder
     assert off.scheduler_config(max_model_len=8192).max_num_batched_tokens == 8192
     assert off.scheduler_config(max_model_len=128).max_num_batched_tokens == 4096
     core = EngineCore(EngineConfig(model=str(tiny_llama_folder), max_model_len=128), str(tiny_llama_folder))
-    assert core.scheduler.scheduler_config.max_num_batched_tokens == 4096
+    assert core.scheduler.scheduler_config.max_num_batched_tokens == 4096 == core.info()["max_num_batched_tokens"]
+
+
+def test_the_viewer_shows_the_budget_enginecore_resolved(tiny_llama_folder):
+    """Chunked prefill off and no budget given: the config keeps None, EngineCore resolves max(max_model_len,
+    4096); the trace viewer's budget panel gets that number from the engine's info, not the None."""
+    import json
+    from minivllm.config import EngineConfig
+    from minivllm.engine.core import EngineCore
+    from minivllm.tracing.html import render_html
+    from minivllm.tracing.trace import Trace
+    config = EngineConfig(model=str(tiny_llama_folder), max_model_len=128, enable_chunked_prefill=False)
+    core = EngineCore(config, str(tiny_llama_folder))
+    assert config.max_num_batched_tokens is None and core.info()["max_num_batched_tokens"] == 4096
+    page = render_html(Trace(core.info()), config)
+    start = page.index('type="application/json">') + len('type="application/json">')
+    assert json.loads(page[start:page.index("</script>", start)])["config"]["max_num_batched_tokens"] == 4096

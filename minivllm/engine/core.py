@@ -66,7 +66,8 @@ class EngineCore:
     def info(self) -> dict:
         return {"max_model_len": self.max_model_len, "num_gpu_blocks": self.num_gpu_blocks,
                 "block_size": self.block_size, "attention_backend": self.attention_backend, "pid": os.getpid(),
-                "tensor_parallel_size": self.model_executor.config.tensor_parallel_size}
+                "tensor_parallel_size": self.model_executor.config.tensor_parallel_size,
+                "max_num_batched_tokens": self.scheduler.scheduler_config.max_num_batched_tokens}  # as resolved
 
     def add_request(self, request: EngineCoreRequest) -> None:
         self.scheduler.add_request(Request(request.request_id, request.prompt_token_ids, request.sampling_params,

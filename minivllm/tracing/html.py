@@ -6,7 +6,8 @@ plus the viewer's JavaScript and CSS inline (package data in `viewer/`): no netw
 from disk. The viewer draws only what the engine recorded, or what it counts from recorded values.
 
 Beside the trace it embeds three fields of the engine's own config that the trace does not carry and
-the token-budget panel needs (max_num_batched_tokens, max_num_seqs, enable_prefix_caching).
+the token-budget panel needs (max_num_batched_tokens, max_num_seqs, enable_prefix_caching); the budget as
+EngineCore resolved it (its info), since the config leaves it None when chunked prefill is off.
 The live page of `minivllm serve` (GET /trace, tracing/live.py) is the same page with an empty trace
 and `"live"` naming its event stream: the viewer then appends the steps as they arrive.
 """
@@ -35,6 +36,8 @@ def render_html(trace, config=None, live: str | None = None) -> str:
     containing "</script>" cannot end the block early (JSON reads "<\\/" back as "</").
     """
     engine_config = {k: getattr(config, k) for k in CONFIG_FIELDS if hasattr(config, k)}
+    if trace.info.get("max_num_batched_tokens") is not None:  # traces written before it was in info lack it
+        engine_config["max_num_batched_tokens"] = trace.info["max_num_batched_tokens"]
     payload = {"trace": {"info": trace.info, "caller_pid": trace.caller_pid, "events": trace.events},
                "config": engine_config, **({"live": live} if live else {})}
     data = json.dumps(payload).replace("</", "<\\/")
