@@ -43,9 +43,8 @@ ATTENTION_BACKENDS = {
     "triton": ("Triton reshape_and_cache_flash (kernels/reshape_and_cache.py)",
                "Triton unified_attention (kernels/unified_attention.py)"),
 }
-# Rows up to which the C GEMM (gemm.c) runs a CPU linear; bigger batches go to oneDNN. On the AVX512_BF16 EPYC
-# (benchmarks/decode_gemm.py, a forward's layer weights in turn) the C GEMM ran 1.05-1.11x oneDNN's speed at
-# 260-512 rows in bf16 and 1.04-1.06x in float32, about level at 1024-2048 (README, 2026-12-07).
+# Rows up to which the C GEMM (gemm.c) runs a CPU linear; bigger batches go to oneDNN, where the two run level
+# (the measurements: models/linear.py's PackedLinear and the README).
 SMALL_BATCH = 512
 # In bf16 on a CPU with AMX, oneDNN runs its GEMMs on the tile units, which the panel kernel's dot products
 # cannot match once a GEMM is compute-bound: there the panels take only the batches bound by streaming the

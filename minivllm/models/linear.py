@@ -45,7 +45,7 @@ class PackedLinear(nn.Module):
     go to oneDNN with its packed weight, itself 1.3x faster than the default MKL path. In float32 the
     panel kernel runs 1.2-1.8x faster than oneDNN at 1-32 rows and 1.04-1.09x at 256-512; in bfloat16
     (where the library has AVX512_BF16: vdpbf16ps, float32 sums) it runs 1.5-1.7x faster at 1-8 rows,
-    1.2-1.5x at 16-64 and 1.05-1.1x at 128-512 (level at 1024-2048), on a forward's weights one after the
+    1.2-1.5x at 16-64 and 1.05-1.15x at 128-512 (level at 1024-2048), on a forward's weights one after the
     other (benchmarks/decode_gemm.py). Without AVX512_BF16, bf16 goes to oneDNN at every size. The cost is a
     second copy of each weight. Packing is a layout change only; results agree with F.linear to the
     dtype's rounding.
