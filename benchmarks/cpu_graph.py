@@ -76,8 +76,8 @@ def main(argv=None) -> None:
         g, e = times[wl, "graphs"], times[wl, "eager"]
         print(f"{wl:<24} {min(g):12.2f} {min(e):11.2f} {min(e) / min(g):6.2f}x {statistics.median(g):11.2f} "
               f"{statistics.median(e):10.2f} {statistics.median(e) / statistics.median(g):6.2f}x")
-    graph = engines["graphs"].llm_engine.engine_core.engine_core.model_executor.driver_worker.model_runner.cpu_graph
-    served = "none (refused: see the log)" if graph is None or graph.template is None else \
+    graph = engines["graphs"].llm_engine.engine_core.engine_core.model_executor.driver_worker.model_runner.model
+    served = "none (refused: see the log)" if getattr(graph, "template", None) is None else \
         f"1-{graph.template.sizes[-1]} requests, {len(graph.template.calls)} C calls, {graph.num_replays} replays"
     print(f"start-up: graphs {startup['graphs']:.2f} s (with the capture), eager {startup['eager']:.2f} s; "
           f"decode batches replayed: {served}; same tokens: {same}")

@@ -10,10 +10,6 @@ spec_decode/config.py. Left out: pipeline and data parallelism, quantization, Lo
 """
 from __future__ import annotations
 
-import dataclasses
-import functools
-import types
-import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -21,7 +17,7 @@ from typing import Literal
 from minivllm import envs
 from minivllm.profiler import check_profiler_config
 from minivllm.spec_decode.config import SpeculativeConfig
-from minivllm.utils.math_utils import is_int, is_number
+from minivllm.utils.arg_types import check_type, field_kinds
 
 
 def _require(ok: bool, message: str) -> None:
@@ -61,41 +57,6 @@ class CacheConfig:
     def __post_init__(self) -> None:
         _require(self.block_size >= 1, "block_size must be >= 1")
         _require(self.num_gpu_blocks >= 2, "num_gpu_blocks must be >= 2 (block 0 is the reserved null block)")
-
-
-# Each engine argument's expected type: a bool is no int and a string is no number, as in vLLM's
-# argument parsing; checked before anything is loaded so a typo never costs a model load.
-_INT, _FLOAT, _BOOL, _STR, _DICT = "an int", "a finite number", "True or False", "a string", "a dict"
-
-
-def unwrap_optional(hint) -> tuple[object, bool]:
-    """`int | None` -> (int, True), `int` -> (int, False): a field's type and whether None is allowed."""
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        return next(t for t in typing.get_args(hint) if t is not type(None)), type(None) in typing.get_args(hint)
-    return hint, False
-
-
-@functools.lru_cache(maxsize=None)
-def _field_kinds(cls: type) -> dict[str, tuple[str, bool]]:
-    """{field: (kind, optional)} read from the dataclass's annotations: the annotation is the one statement
-    of each argument's type. A Literal's kind is its values' type (all strings here)."""
-    hints, kinds = typing.get_type_hints(cls), {}
-    for field in dataclasses.fields(cls):
-        hint, optional = unwrap_optional(hints[field.name])
-        if typing.get_origin(hint) is Literal:
-            hint = type(typing.get_args(hint)[0])
-        kinds[field.name] = ({int: _INT, float: _FLOAT, bool: _BOOL, str: _STR, dict: _DICT}[hint], optional)
-    return kinds
-
-
-def _check_type(name: str, value, kind: str, optional: bool = False) -> None:
-    if value is None and optional:
-        return
-    ok = {_INT: is_int, _FLOAT: is_number, _BOOL: lambda v: isinstance(v, bool),
-          _STR: lambda v: isinstance(v, str), _DICT: lambda v: isinstance(v, dict)}[kind](value)
-    if not ok:
-        raise ValueError(f"Engine argument {name} must be {kind}{' or None' if optional else ''}, "
-                         f"got {value!r} ({type(value).__name__}).")
 
 
 def batch_default(device: str, world_size: int) -> int:
@@ -141,10 +102,14 @@ class EngineConfig:
     profiler_config: dict | None = None  # {"profiler": "torch", "torch_profiler_dir": ...}
     # {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": ..., "prompt_lookup_min": ...}
     speculative_config: dict | None = None
+    # Schedule step N+1 while step N runs (EngineCore's batch queue, core/sched/async_scheduler.py). None: vLLM's
+    # default for the device, on for cuda and off on the CPU (vLLM's CPU platform forces it off; minivllm lets
+    # True turn it on there too, to watch it).
+    async_scheduling: bool | None = None
 
     def __post_init__(self) -> None:
-        for name, (kind, optional) in _field_kinds(type(self)).items():
-            _check_type(name, getattr(self, name), kind, optional)
+        for name, (kind, optional) in field_kinds(type(self)).items():
+            check_type(name, getattr(self, name), kind, optional)
         _require(self.block_size in (8, 16, 32, 64, 128),
                  f"block_size must be 8, 16, 32, 64 or 128, got {self.block_size}")
         if self.max_num_batched_tokens is None and self.enable_chunked_prefill:
@@ -194,6 +159,12 @@ class EngineConfig:
             check_profiler_config(self.profiler_config)
         if self.speculative_config is not None:
             SpeculativeConfig.from_dict(self.speculative_config)
+        if self.async_scheduling is None:
+            self.async_scheduling = self.device == "cuda" and self.speculative_config is None
+        _require(not (self.async_scheduling and self.speculative_config is not None),
+                 "Currently, async scheduling is only supported with EAGLE/MTP/Draft Model/NGram GPU kind of "
+                 "speculative decoding (vLLM's message; minivllm's n-gram proposer runs on the CPU after the step): "
+                 "drop async_scheduling or speculative_config")
 
     @property
     def spec_config(self) -> SpeculativeConfig | None:

@@ -5,11 +5,8 @@ the layer registry for the duration of the model forward; an Attention layer
 pulls them back by its `layer_name`. Model forwards keep `(input_ids,
 positions)` only. Left out: data-parallel metadata, batch descriptors, CUDA
 graph runtime modes, ubatching.
-
-`additional_kwargs` is vLLM's field for whatever else a model's forward may read.
-minivllm puts one entry in it (ours): "logits_indices", the rows lm_head will read,
-set by the runner when no row of the step needs more (no prompt logprobs); the last
-decoder layer then carries only those rows past attention (models/llama.py).
+`additional_kwargs` is vLLM's field for whatever else a model's forward may read; nothing
+in minivllm sets it.
 """
 from __future__ import annotations
 
@@ -23,7 +20,7 @@ class ForwardContext:
     no_compile_layers: dict[str, Any]  # layer_name -> Attention
     attn_metadata: Any  # one metadata object shared by every layer (a single KV-cache group)
     slot_mapping: dict[str, Any]  # layer_name -> [num_tokens] slot per token
-    additional_kwargs: dict[str, Any] = field(default_factory=dict)  # here: {"logits_indices": rows to return}
+    additional_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 _forward_context: ForwardContext | None = None

@@ -61,6 +61,8 @@ class Request:
         self.stop_reason: int | str | None = None
         self.output_token_ids: list[int] = []
         self.num_computed_tokens = 0
+        # Async scheduling: tokens of steps still in flight, scheduled before their value is known (vLLM's name)
+        self.num_output_placeholders = 0
         self.spec_token_ids: list[int] = []  # drafts for the next step (speculative decoding)
         self.num_preemptions = 0
         # Prefix caching. num_cached_tokens: the prefix-cache hit of the first admission (-1: not yet admitted).

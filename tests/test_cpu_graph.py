@@ -12,6 +12,7 @@ import torch
 
 from minivllm import LLM, SamplingParams, _C
 from minivllm.compilation.recorder import ROWS, At, CaptureRefused, Trace, derive_template, place, regions
+from minivllm.compilation.cpu_graph import CPUGraphWrapper
 
 
 def _runner(llm):
@@ -33,10 +34,10 @@ def test_replayed_decode_steps_match_the_eager_forward_bit_for_bit(tiny_llama_fo
         pytest.skip("no compiled CPU ops")
     kw = dict(multiprocess=False, max_model_len=256, dtype=dtype, enable_prefix_caching=False)
     eager = LLM(str(tiny_llama_folder), enforce_eager=True, **kw)
-    assert _runner(eager).cpu_graph is None
+    assert not isinstance(_runner(eager).model, CPUGraphWrapper)
     expected = _generate(eager)
     graphed = LLM(str(tiny_llama_folder), **kw)
-    graph = _runner(graphed).cpu_graph
+    graph = _runner(graphed).model
     got = _generate(graphed)
     assert got == expected  # tokens and logprobs, exactly
     if dtype == "bfloat16" and not _C.linear_bf16_has_dp():  # bf16 GEMMs on oneDNN: a torch op, refused
@@ -53,13 +54,13 @@ def test_smollm2_bf16_replays_match_eager(smollm_folder):
     expected = _generate(LLM(str(smollm_folder), enforce_eager=True, **kw))
     graphed = LLM(str(smollm_folder), **kw)
     assert _generate(graphed) == expected
-    assert _runner(graphed).cpu_graph.num_replays >= 20
+    assert _runner(graphed).model.num_replays >= 20
 
 
 def test_setups_a_replay_cannot_serve_run_eagerly(tiny_llama_folder, tiny_opt_folder, monkeypatch):
     kw = dict(multiprocess=False, max_model_len=128)
-    assert _runner(LLM(str(tiny_llama_folder), attention_backend="torch", **kw)).cpu_graph is None
-    assert _runner(LLM(str(tiny_opt_folder), **kw)).cpu_graph is None  # no inputs_embeds path
+    assert not isinstance(_runner(LLM(str(tiny_llama_folder), attention_backend="torch", **kw)).model, CPUGraphWrapper)
+    assert not isinstance(_runner(LLM(str(tiny_opt_folder), **kw)).model, CPUGraphWrapper)  # no inputs_embeds path
     if not _C.available():
         return
     # A norm in PyTorch is an op a replay would skip: the capture is refused, every step runs eagerly.
@@ -67,7 +68,7 @@ def test_setups_a_replay_cannot_serve_run_eagerly(tiny_llama_folder, tiny_opt_fo
     expected = _generate(LLM(str(tiny_llama_folder), enforce_eager=True, **kw))
     monkeypatch.setattr(RMSNorm, "forward_cpu", RMSNorm.forward_native)
     llm = LLM(str(tiny_llama_folder), **kw)
-    graph = _runner(llm).cpu_graph
+    graph = _runner(llm).model
     assert graph is not None and graph.template is None
     got = _generate(llm)
     assert graph.num_replays == 0
@@ -125,7 +126,7 @@ def test_few_sequences_record_once_and_serve_that_size(tiny_llama_folder, max_nu
     expected = _generate(LLM(str(tiny_llama_folder), enforce_eager=True, **kw))
     llm = LLM(str(tiny_llama_folder), **kw)
     assert _generate(llm) == expected
-    graph = _runner(llm).cpu_graph
+    graph = _runner(llm).model
     # below three sequences one recording, serving its own size; from three, every size 1..max
     sizes = range(1, 4) if max_num_seqs == 3 else range(max_num_seqs, max_num_seqs + 1)
     assert graph.template.sizes == sizes and graph.num_replays > 0

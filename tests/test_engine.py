@@ -222,7 +222,7 @@ def test_engine_core_drives_a_uniproc_executor_whose_worker_holds_the_model_and_
     # the pool EngineCore sized (num_gpu_blocks_override=64) is what the worker allocated, in every layer
     assert core.num_gpu_blocks == 64 == core.scheduler.kv_cache_manager.block_pool.num_gpu_blocks
     assert {kv.shape[1] for kv in worker.model_runner.kv_caches} == {64}
-    assert executor.collective_rpc("get_model") == [worker.model_runner.model]
+    assert executor.collective_rpc("get_model") == [worker.model_runner.get_model()]
     assert executor.collective_rpc(lambda w, x: (w.rank, x), args=(7,)) == [(0, 7)]
     executor.check_health()
     calls = []

@@ -86,35 +86,30 @@ def test_the_articles_worked_example_sits_beside_the_index_arithmetic_and_holds(
 
 
 
-def test_the_last_layer_carries_only_the_rows_lm_head_reads(runner):
-    """Ours (models/llama.py): with "logits_indices" in forward_context's additional_kwargs the model returns just
-    those rows, the same as those rows of a full forward, and the last layer's MLP sees no other row. The runner
-    sets it unless a request of the step wants prompt logprobs (they read every row)."""
-    seen = []
-    hook = runner.model.model.layers[-1].mlp.register_forward_pre_hook(lambda mod, args: seen.append(len(args[0])))
+def test_the_model_returns_every_row_and_the_runner_picks_logits_indices(runner):
+    """The article's part 6: the model computes a hidden state for every scheduled token (the last layer's MLP
+    sees all 6 rows of the worked example), then `hidden_states[logits_indices]` picks the 3 rows lm_head reads."""
+    seen, heads = [], []
+    model = runner.get_model()
+    hooks = [model.model.layers[-1].mlp.register_forward_pre_hook(lambda mod, args: seen.append(len(args[0]))),
+             model.lm_head.register_forward_pre_hook(lambda mod, args: heads.append(len(args[0])))]
+    original = model.compute_logits
+    model.compute_logits = lambda rows: heads.append(len(rows)) or original(rows)
     try:
         so = article_step()
         runner._update_states(so)
         b = runner._prepare_inputs(so)
         md = runner._attn_metadata(b)
-        with torch.inference_mode():
-            with set_forward_context(md, runner.attn_layers, b.slot_mapping):
-                full = runner.model(b.input_ids, b.positions)
-            with set_forward_context(md, runner.attn_layers, b.slot_mapping,
-                                     additional_kwargs={"logits_indices": b.logits_indices}):
-                kept = runner.model(b.input_ids, b.positions)
-        assert seen == [6, 3] and kept.shape == (3, full.shape[1])
-        torch.testing.assert_close(kept, full[b.logits_indices])
+        with torch.inference_mode(), set_forward_context(md, runner.attn_layers, b.slot_mapping):
+            full = runner.model(b.input_ids, b.positions)
+        assert seen == [6] and full.shape[0] == 6
         runner.execute_model(SchedulerOutput([], CachedRequestData(), {}, 0, {"A", "B", "C"}))
         seen.clear()
-        out = runner.execute_model(article_step())  # the runner itself: only A's last row and B, C go on
-        assert seen == [3] and [len(t) for t in out.sampled_token_ids] == [1, 1, 1]
+        heads.clear()
+        out = runner.execute_model(article_step())
+        assert seen == [6] and heads == [3] and [len(t) for t in out.sampled_token_ids] == [1, 1, 1]
         runner.execute_model(SchedulerOutput([], CachedRequestData(), {}, 0, {"A", "B", "C"}))
-        seen.clear()
-        params = SamplingParams(temperature=0, prompt_logprobs=1)
-        out = runner.execute_model(SchedulerOutput([NewRequestData("L", A, params, [3], 0)], CachedRequestData(),
-                                                   {"L": 4}, 4, set()))
-        assert seen == [4] and len(out.prompt_logprobs_dict["L"]) == 3  # every row: 3 prompt logprobs
-        runner.execute_model(SchedulerOutput([], CachedRequestData(), {}, 0, {"L"}))
     finally:
-        hook.remove()
+        del model.compute_logits
+        for hook in hooks:
+            hook.remove()

@@ -172,3 +172,33 @@ def test_stop_conditions_eos_stop_token_and_length():
     assert outs["stop-id"].finish_reason == "stop" and outs["stop-id"].stop_reason == 2
     assert outs["length"].finish_reason == "length"
     assert s.kv_cache_manager.block_pool.get_num_free_blocks() == 1023 and not s.running
+
+
+def test_vllms_scheduler_test_api_num_reqs_get_usage_and_handle_stopped_request():
+    """Names vLLM's own scheduler and prefix-caching tests use, and the one the article quotes in update_from_output
+    (`finished = self._handle_stopped_request(request)` before `_free_request`)."""
+    s = make_scheduler(num_blocks=11, block_size=16)  # 10 usable blocks
+    pool = s.kv_cache_manager.block_pool
+    assert pool.get_usage() == 0.0
+    s.add_request(make_request("A", 40, max_tokens=1))  # 3 blocks
+    s.add_request(make_request("B", 8))
+    so = s.schedule()
+    assert so.scheduled_cached_reqs.num_reqs == 0 and len(so.scheduled_new_reqs) == 2
+    assert pool.get_usage() == pytest.approx(4 / 10) == s.kv_cache_manager.usage
+    stopped_seen = []
+    original = s._handle_stopped_request
+    s._handle_stopped_request = lambda request: stopped_seen.append(request.request_id) or original(request)
+    sample(s, so)  # A reaches max_tokens=1: stopped, then finished and freed
+    assert stopped_seen == ["A"] and "A" not in s.requests and pool.get_usage() == pytest.approx(1 / 10)
+    so = s.schedule()
+    assert so.scheduled_cached_reqs.num_reqs == 1 and so.scheduled_cached_reqs.req_ids == ["B"]
+
+
+def test_a_stop_that_is_not_finished_keeps_its_blocks():
+    """vLLM's contract: _handle_stopped_request returning False (a resumable session) means no _free_request."""
+    s = make_scheduler(num_blocks=11)
+    s.add_request(make_request("A", 8, max_tokens=1))
+    so = s.schedule()
+    s._handle_stopped_request = lambda request: False
+    sample(s, so)
+    assert "A" in s.requests and s.kv_cache_manager.get_block_ids("A") == [1]

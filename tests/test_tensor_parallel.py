@@ -259,3 +259,35 @@ def test_headless_is_for_the_other_nodes():
     out = subprocess.run([sys.executable, "-m", "minivllm", "serve", "--headless", "--tensor-parallel-size", "3"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "--headless runs the workers of a node after the first" in out.stderr
+
+
+def _group_overrides(worker) -> list:
+    """Run in each worker: the collectives the tracer replaced on this rank's group object (none when detached)."""
+    from minivllm.distributed.parallel_state import get_tp_group
+    return sorted(k for k in vars(get_tp_group()) if k in ("all_reduce", "all_gather", "gather"))
+
+
+def test_tracing_attaches_to_the_collectives_from_outside_and_detaches(tiny_llama_folder):
+    """The trace's per-rank collectives (named by layer) come from a recorder attached while tracing is on;
+    afterwards each rank's group runs its own methods again and the layers carry no hooks."""
+    from minivllm.tracing.cli import run_traced
+    llm = LLM(str(tiny_llama_folder), tensor_parallel_size=2, multiprocess=False, max_model_len=128)
+    try:
+        executor = llm.llm_engine.engine_core.engine_core.model_executor
+        trace = run_traced(llm, [("Once upon a time", SamplingParams(temperature=0, max_tokens=3))])
+        ranks = trace.by_step()[1]["execute"]["ranks"]
+        assert [r["rank"] for r in ranks] == [0, 1]
+        reduces = ranks[0]["all_reduce"]
+        assert [e.get("layer") for e in reduces] == ["model.embed_tokens", "model.layers.0.self_attn.o_proj",
+                                                     "model.layers.0.mlp.down_proj"]
+        assert ranks[0]["all_gather"][0]["layer"] == "lm_head"
+        assert ranks[0]["num_all_reduce"] == 1 + 2 * llm.llm_engine.hf_config.num_hidden_layers
+        assert executor.collective_rpc(_group_overrides) == [[], []]
+        hooks = executor.collective_rpc(_forward_hooks)
+        assert hooks == [0, 0]
+    finally:
+        llm.shutdown()
+
+
+def _forward_hooks(worker) -> int:
+    return sum(len(m._forward_hooks) for m in worker.model_runner.get_model().modules())

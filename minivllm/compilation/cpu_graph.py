@@ -26,6 +26,11 @@ torch.compile's one graph with a symbolic num_tokens). Every other scalar a C op
 CUDA graph's kernel arguments are: a kernel must read what changes from step to step (positions, sequence lengths,
 block tables, slots) from tensors, as all of minivllm's do. The graph covers the decoder layers and the final norm;
 the embedding (a torch gather) runs before it, vLLM's `inputs_embeds` path. `enforce_eager=True` turns it off.
+
+As vLLM's wrapper, it wraps the model once, when the runner is built, and is called exactly like the model:
+`model(input_ids, positions)` inside the runner's forward context. It reads the step's attention metadata from
+that context and decides per call whether to replay (a uniform decode batch of a size the template serves) or
+to run the wrapped model eagerly; other attributes (compute_logits, parameters, config) are the model's.
 """
 from __future__ import annotations
 
@@ -39,17 +44,17 @@ from minivllm.attention.backends.utils import AttentionMetadata
 from minivllm.compilation.recorder import ROWS, At, CaptureRefused, Recording, Template, Trace, Watch, \
     derive_template, regions, tensors_kept
 from minivllm.distributed.parallel_state import get_tp_group
-from minivllm.forward_context import set_forward_context
+from minivllm.forward_context import get_forward_context, set_forward_context
 
 logger = logging.getLogger("minivllm")
 
 
 class CPUGraphWrapper:
-    """Runs the model's forward for the runner's uniform decode batches of 1..max_batch_size requests by
-    replaying the template `capture_model` recorded; `num_replays` counts the steps it served."""
+    """The model, with its forward for uniform decode batches of 1..max_batch_size requests served by replaying
+    the template `capture_model` recorded; `num_replays` counts the steps it served."""
 
     def __init__(self, model: torch.nn.Module, attn_layers: dict, max_batch_size: int, max_num_blocks_per_req: int):
-        self.model, self.attn_layers, self.max_batch_size = model, attn_layers, max_batch_size
+        self.runnable, self.attn_layers, self.max_batch_size = model, attn_layers, max_batch_size
         n, dtype = max_batch_size, next(model.parameters()).dtype
         # The persistent inputs (vLLM's runner keeps the same ones); a step's are copied in before its forward.
         self.inputs_embeds = torch.zeros(n, model.config.hidden_size, dtype=dtype)
@@ -66,16 +71,25 @@ class CPUGraphWrapper:
         self.num_replays = 0
         self.sizes_replayed: set[int] = set()
 
+    def __getattr__(self, name: str):
+        """Everything but the forward is the wrapped model's (vLLM's wrapper forwards the same way)."""
+        if name == "runnable":  # not set yet (unpickling, or __init__ not run): no recursion
+            raise AttributeError(name)
+        return getattr(self.runnable, name)
+
+    def unwrap(self) -> torch.nn.Module:
+        return self.runnable
+
     @classmethod
-    def for_model(cls, model, attn_layers: dict, attention_backend: str, max_num_reqs: int,
-                  max_num_blocks_per_req: int) -> "CPUGraphWrapper | None":
-        """A wrapper where replays can serve: the CPU with the compiled ops and their attention backend, one
-        rank (an all-reduce is not a C call), a model with vLLM's `inputs_embeds` path; else None. Its largest
-        batch is the C GEMM's (past it, oneDNN's GEMM is a torch op)."""
+    def maybe_wrap(cls, model, attn_layers: dict, attention_backend: str, max_num_reqs: int,
+                   max_num_blocks_per_req: int):
+        """The model wrapped where replays can serve: the CPU with the compiled ops and their attention backend,
+        one rank (an all-reduce is not a C call), a model with vLLM's `inputs_embeds` path; else the model as it
+        is. The largest batch is the C GEMM's (past it, oneDNN's GEMM is a torch op)."""
         param = next(model.parameters())
         if (attention_backend != "cpu" or get_tp_group().world_size != 1 or not hasattr(model, "get_input_embeddings")
                 or not ops.compiled_cpu_ops_serve(param.device, param.dtype)):
-            return None
+            return model
         return cls(model, attn_layers, min(max_num_reqs, ops.small_batch_rows(param.dtype)), max_num_blocks_per_req)
 
     def capture_model(self) -> None:
@@ -88,7 +102,7 @@ class CPUGraphWrapper:
         self.template, self._calls = None, []
         try:
             traces = [self._record(n) for n in sizes]
-            kept = regions(tensors_kept(self.model, (self.inputs_embeds, self.positions, self.slot_mapping,
+            kept = regions(tensors_kept(self.runnable, (self.inputs_embeds, self.positions, self.slot_mapping,
                                                        self.seq_lens, self.query_start_loc, self.block_table)))
             self.template = derive_template(traces, sizes, kept)
         except CaptureRefused as e:
@@ -110,26 +124,29 @@ class CPUGraphWrapper:
         try:
             with torch.inference_mode(), set_forward_context(md, self.attn_layers, slot_mapping=md.slot_mapping):
                 with watch:
-                    out = self.model(None, self.positions[:n], inputs_embeds=self.inputs_embeds[:n])
+                    out = self.runnable(None, self.positions[:n], inputs_embeds=self.inputs_embeds[:n])
         finally:
             _C._lib = recording._lib
         if watch.refused:
             raise CaptureRefused(watch.refused)
         return Trace(recording.calls, watch.allocs, out)
 
-    def takes(self, b) -> bool:
-        """True for a uniform decode batch (one token per request, no drafts) of a size the template serves."""
-        n = b.num_tokens
-        return self.template is not None and n == b.num_reqs and n in self.template.sizes \
-            and b.spec_decode_metadata is None
+    def _replays(self, md: AttentionMetadata) -> bool:
+        """A uniform decode batch (one token per request: no prefill chunk, no drafts) of a size the template serves."""
+        n = md.num_actual_tokens
+        return self.template is not None and md.max_query_len == 1 and n == md.num_reqs and n in self.template.sizes
 
-    def __call__(self, b) -> torch.Tensor:
-        """The final hidden states [num_tokens, hidden_size] of PackedBatch `b`: a view into the arena, valid
-        until the next replay."""
-        n = b.num_tokens
-        self.inputs_embeds[:n] = self.model.get_input_embeddings(b.input_ids)
-        self.positions[:n], self.slot_mapping[:n], self.seq_lens[:n] = b.positions, b.slot_mapping, b.seq_lens
-        self.block_table[:n, :b.block_table.shape[1]] = b.block_table
+    def __call__(self, input_ids: torch.Tensor | None, positions: torch.Tensor,
+                 inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+        """The model's forward: [num_tokens, hidden_size]. A replay's output is a view into the arena, valid until
+        the next replay."""
+        md = get_forward_context().attn_metadata
+        if inputs_embeds is not None or not self._replays(md):
+            return self.runnable(input_ids, positions, inputs_embeds=inputs_embeds)
+        n = md.num_actual_tokens
+        self.inputs_embeds[:n] = self.runnable.get_input_embeddings(input_ids)
+        self.positions[:n], self.slot_mapping[:n], self.seq_lens[:n] = positions, md.slot_mapping, md.seq_lens
+        self.block_table[:n, :md.block_table.shape[1]] = md.block_table
         for rows in self._rows:
             rows.value = n
         for fn, args in self._calls:

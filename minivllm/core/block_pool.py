@@ -92,6 +92,10 @@ class BlockPool:
         """Free blocks, cached ones waiting for a hit included: all can be handed out."""
         return self.free_block_queue.num_free_blocks
 
+    def get_usage(self) -> float:
+        """The fraction of the pool in use, the null block not counted (the KV-cache usage gauge in /metrics)."""
+        return 1.0 - self.get_num_free_blocks() / (self.num_gpu_blocks - 1)
+
     def get_cached_block(self, block_hash: BlockHash) -> KVCacheBlock | None:
         """A block holding this prefix, in use or free, or None: a cache miss."""
         blocks = self.cached_block_hash_to_block.get(block_hash)

@@ -55,6 +55,11 @@ class KVCacheManager:
         self.num_cached_block: dict[str, int] = {}  # how many of a request's blocks are in the cache
         self.prefix_cache_stats = PrefixCacheStats()
 
+    @property
+    def usage(self) -> float:
+        """The KV cache's usage, 0 to 1 (vLLM's SchedulerStats.kv_cache_usage)."""
+        return self.block_pool.get_usage()
+
     def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
         """(cached blocks, num_computed_tokens) for a request about to be admitted; nothing is taken yet.
 
@@ -106,15 +111,21 @@ class KVCacheManager:
             self.num_cached_block[request.request_id] = len(blocks)
         new_blocks = self.block_pool.get_new_blocks(num_needed)
         blocks.extend(new_blocks)
-        if self.enable_caching:
-            # Only tokens that exist are cached: the full blocks of min(computed + new, num_tokens).
-            num_full_blocks = min(num_computed_tokens + num_new_tokens, request.num_tokens) // self.block_size
-            num_full_blocks = min(num_full_blocks, len(request.block_hashes))  # no hasher: nothing to name
-            num_cached = self.num_cached_block.get(request.request_id, 0)
-            if num_full_blocks > num_cached:
-                self.block_pool.cache_full_blocks(request, blocks, num_cached, num_full_blocks)
-                self.num_cached_block[request.request_id] = num_full_blocks
+        self.cache_blocks(request, num_computed_tokens + num_new_tokens)
         return new_blocks
+
+    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        """Enter in the prefix cache the request's full blocks up to num_computed_tokens. Only tokens that exist
+        are cached (an async step's placeholder has no value yet, hence no hash): min(that, num_tokens)."""
+        if not self.enable_caching:
+            return
+        num_full_blocks = min(num_computed_tokens, request.num_tokens) // self.block_size
+        num_full_blocks = min(num_full_blocks, len(request.block_hashes))  # no hasher: nothing to name
+        num_cached = self.num_cached_block.get(request.request_id, 0)
+        if num_full_blocks > num_cached:
+            blocks = self.req_to_blocks[request.request_id]
+            self.block_pool.cache_full_blocks(request, blocks, num_cached, num_full_blocks)
+            self.num_cached_block[request.request_id] = num_full_blocks
 
     def free(self, request: Request) -> None:
         """Give the request's blocks back, tail first; cached ones stay cached until evicted."""

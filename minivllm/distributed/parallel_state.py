@@ -12,8 +12,8 @@ collectives return their input (vLLM creates a one-rank group even then; minivll
 so a single-process engine needs no free port). Left out: pipeline, data, expert and context parallel
 groups, custom all-reduce kernels, shared-memory broadcasters, device communicators.
 
-While `record` is set (tracing, see minivllm/tracing/tracer.py) each all-reduce and gather appends what
-it saw, its shapes and a few of its numbers before and after, to `records`; otherwise it costs one test.
+Tracing records the collectives from outside (minivllm/tracing/collectives.py wraps this object's methods while
+a trace is open); nothing here knows of it.
 """
 from __future__ import annotations
 
@@ -46,28 +46,12 @@ class GroupCoordinator:
             self.cpu_group = self.device_group if backend == "gloo" else \
                 dist.new_group(self.ranks, backend="gloo", timeout=GROUP_TIMEOUT)
         self.is_first_rank = self.rank_in_group == 0
-        self.record = False
-        self.records: list[dict[str, Any]] = []
-
-    def _note(self, op: str, before: torch.Tensor, after: torch.Tensor | None) -> None:
-        entry = {"op": op, "shape": list(before.shape), "input": before.flatten()[:4].tolist()}
-        if after is not None:
-            entry.update(output_shape=list(after.shape), output=after.flatten()[:4].tolist())
-        self.records.append(entry)
-
-    def label(self, name: str) -> None:
-        """While recording: name the layer whose collective was recorded last (tracing reads it)."""
-        if self.record and self.records:
-            self.records[-1].setdefault("layer", name)
 
     def all_reduce(self, input_: torch.Tensor) -> torch.Tensor:
         """Sum `input_` over the group, in place; every rank gets the sum."""
         if self.world_size == 1:
             return input_
-        before = input_.clone() if self.record else None
         dist.all_reduce(input_, group=self.device_group)
-        if before is not None:
-            self._note("all_reduce", before, input_)
         return input_
 
     def all_gather(self, input_: torch.Tensor, dim: int = -1) -> torch.Tensor:
@@ -76,10 +60,7 @@ class GroupCoordinator:
             return input_
         parts = [torch.empty_like(input_) for _ in range(self.world_size)]
         dist.all_gather(parts, input_.contiguous(), group=self.device_group)
-        output = torch.cat(parts, dim=dim)
-        if self.record:
-            self._note("all_gather", input_, output)
-        return output
+        return torch.cat(parts, dim=dim)
 
     def gather(self, input_: torch.Tensor, dst: int = 0, dim: int = -1) -> torch.Tensor | None:
         """Every rank's `input_` concatenated along `dim` on rank `dst` of the group; None elsewhere."""
@@ -88,10 +69,7 @@ class GroupCoordinator:
         is_dst = self.rank_in_group == dst
         parts = [torch.empty_like(input_) for _ in range(self.world_size)] if is_dst else None
         dist.gather(input_.contiguous(), parts, dst=self.ranks[dst], group=self.device_group)
-        output = torch.cat(parts, dim=dim) if is_dst else None
-        if self.record:
-            self._note("gather", input_, output)
-        return output
+        return torch.cat(parts, dim=dim) if is_dst else None
 
     def broadcast_object(self, obj: Any = None, src: int = 0) -> Any:
         """Rank `src`'s Python object on every rank (pickled, over the gloo group)."""

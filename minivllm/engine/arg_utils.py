@@ -16,7 +16,8 @@ import json
 import typing
 from dataclasses import dataclass
 
-from minivllm.config import EngineConfig, unwrap_optional
+from minivllm.config import EngineConfig
+from minivllm.utils.arg_types import unwrap_optional
 
 HELP = {
     "model": "model folder in HF format, a .gguf file, or a hub id already in the local HF cache; "
@@ -53,6 +54,8 @@ HELP = {
     "master_port": "port of that TCP store",
     "enforce_eager": "run every step eagerly: no CPU graphs for decode batches (vLLM: no CUDA graphs)",
     "profiler_config": 'JSON, e.g. \'{"profiler": "torch", "torch_profiler_dir": "./profile"}\'',
+    "async_scheduling": "schedule step N+1 while step N runs (EngineCore's batch queue); None: on for cuda, off on "
+                        "the CPU as vLLM's CPU platform (--async-scheduling turns it on there too)",
     "speculative_config": 'JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}\' '
                           "(n-gram prompt lookup: drafts from the request's own tokens, verified in one forward)",
 }

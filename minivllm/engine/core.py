@@ -6,7 +6,10 @@
 sizes the KV cache by asking the executor (`_initialize_kv_caches`, as vLLM's). `run_engine_core` starts
 the child's EngineCore and `run_busy_loop` runs it: take the typed messages that arrived, step while
 there is work, send EngineCoreOutputs down the output pipe (a traced engine sends its TraceEvents first).
-Left out: ZMQ sockets, data parallelism, batch queues for pipeline parallelism, async scheduling.
+With async scheduling (`async_scheduling=True`) the busy loop steps through `step_with_batch_queue` instead, as
+vLLM's: the executor returns a future for step N, the scheduler (an AsyncScheduler) plans step N+1 at once, and
+step N's output is applied when it is ready, from a queue two steps deep. Left out: ZMQ sockets, data parallelism,
+pipeline-parallel batch queues deeper than two.
 """
 from __future__ import annotations
 
@@ -16,14 +19,17 @@ import os
 import queue
 import signal
 import traceback
+from collections import deque
 
 from minivllm.attention.selector import get_attn_backend_name
 from minivllm.config import CacheConfig, EngineConfig
 from minivllm.core.kv_cache_utils import get_kv_cache_config, get_request_block_hasher, max_model_len_for
+from minivllm.core.sched.async_scheduler import AsyncScheduler
 from minivllm.core.sched.scheduler import Scheduler
 from minivllm.engine import (AbortRequests, AddRequests, EngineCoreFailed, EngineCoreOutputs, EngineCoreReady,
                              EngineCoreRequest, Shutdown, TraceEvents, UtilityCall, UtilityOutput)
 from minivllm.executor.abstract import Executor
+from minivllm.metrics.stats import make_stats
 from minivllm.models.loader import load_config, model_class_for
 from minivllm.profiler import TorchProfiler
 from minivllm.request import Request, RequestStatus
@@ -41,13 +47,20 @@ class EngineCore:
         # The executor starts the workers; each loads the model, then the KV cache is sized from what is left.
         self.model_executor = Executor.get_class(config)(config, model_folder)
         self.num_gpu_blocks = self._initialize_kv_caches(config, hf_config)
-        self.scheduler = Scheduler(config.scheduler_config(self.max_model_len),
+        scheduler_class = AsyncScheduler if config.async_scheduling else Scheduler
+        self.scheduler = scheduler_class(config.scheduler_config(self.max_model_len),
                                    CacheConfig(config.block_size, self.num_gpu_blocks, config.enable_prefix_caching),
                                    num_spec_tokens=config.spec_config.num_speculative_tokens if config.spec_config else 0)
         # prefix caching: each Request hashes its full blocks as its tokens arrive (vLLM's request_block_hasher)
         self.request_block_hasher = get_request_block_hasher(config.block_size) \
             if config.enable_prefix_caching else None
         self.use_spec_decode = config.speculative_config is not None
+        # Async scheduling: (future of a step's ModelRunnerOutput, its SchedulerOutput), newest first; two deep
+        self.batch_queue: deque | None = deque() if config.async_scheduling else None
+        self.batch_queue_size = 2
+        self.step_fn = self.step if self.batch_queue is None else self.step_with_batch_queue
+        if config.async_scheduling:
+            logger.info("Asynchronous scheduling is enabled.")
         self.tracer = None  # set by minivllm.tracing; observes each step, changes nothing
         self.profiler = TorchProfiler(config.profiler_config, f"EngineCore_pid{os.getpid()}") \
             if config.profiler_config else None
@@ -85,6 +98,27 @@ class EngineCore:
         model_output = self.model_executor.execute_model(scheduler_output)  # 2. forward + sample
         return self.scheduler.update_from_output(scheduler_output, model_output)  # 3. append, stop, free
 
+    def step_with_batch_queue(self) -> EngineCoreOutputs:
+        """Async scheduling: schedule and launch a step without waiting for the one in flight; apply the oldest
+        step's output only when the queue is full or nothing more can be scheduled. Empty outputs: none ready."""
+        batch_queue = self.batch_queue
+        if self.scheduler.has_unfinished_requests():
+            scheduler_output = self.scheduler.schedule()  # 1. plan step N+1 while step N runs
+            # 2. launch it (an empty step too: it carries finished_req_ids to the runner)
+            batch_queue.appendleft((self.model_executor.execute_model(scheduler_output, non_block=True),
+                                    scheduler_output))
+            if (scheduler_output.total_num_scheduled_tokens > 0 and len(batch_queue) < self.batch_queue_size
+                    and not batch_queue[-1][0].done()):
+                return EngineCoreOutputs()  # room for one more: go schedule it before waiting
+        if not batch_queue:
+            return EngineCoreOutputs()
+        future, scheduler_output = batch_queue.pop()  # the oldest step in flight
+        return self.scheduler.update_from_output(scheduler_output, future.result())  # 3. append, stop, free
+
+    def has_work(self) -> bool:
+        """Requests to schedule, or steps still in flight whose outputs are owed (async scheduling)."""
+        return self.scheduler.has_unfinished_requests() or bool(self.batch_queue)
+
     def post_step(self) -> None:
         """After a step, as vLLM's: with speculative decoding, the drafts the runner proposed go to the scheduler."""
         if self.use_spec_decode and (draft_token_ids := self.model_executor.take_draft_token_ids()) is not None:
@@ -101,22 +135,7 @@ class EngineCore:
 
     def get_stats(self) -> dict:
         """Counters since the engine started; the prefix-cache ones (tokens) since the last reset_prefix_cache()."""
-        cache = self.scheduler.kv_cache_manager.prefix_cache_stats
-        return {"num_preemptions": self.scheduler.num_preemptions, "num_free_blocks": self.get_num_free_blocks(),
-                "num_gpu_blocks": self.num_gpu_blocks, "num_unfinished": self.scheduler.get_num_unfinished_requests(),
-                "num_running": len(self.scheduler.running), "num_waiting": len(self.scheduler.waiting),
-                "prefix_cache_queries": cache.queries, "prefix_cache_hits": cache.hits,
-                "prefix_cache_preempted_queries": cache.preempted_queries,
-                "prefix_cache_preempted_hits": cache.preempted_hits, **self._spec_decode_stats()}
-
-    def _spec_decode_stats(self) -> dict:
-        """vLLM's spec-decode counters (cumulative), present only when speculative decoding is on."""
-        spec = self.scheduler.spec_decoding_stats
-        if spec is None:
-            return {}
-        return {"spec_decode_num_drafts": spec.num_drafts, "spec_decode_num_draft_tokens": spec.num_draft_tokens,
-                "spec_decode_num_accepted_tokens": spec.num_accepted_tokens,
-                "spec_decode_num_accepted_tokens_per_pos": list(spec.num_accepted_tokens_per_pos)}
+        return {**make_stats(self.scheduler), "num_gpu_blocks": self.num_gpu_blocks}
 
     def reset_prefix_cache(self) -> bool:
         """As vLLM's: forget every cached prefix; False (a no-op) while requests are running."""
@@ -183,7 +202,7 @@ def run_engine_core(config: EngineConfig, model_folder: str, input_queue, output
 def run_busy_loop(core: EngineCore, input_queue, send, parent_pid: int) -> None:
     """The article's busy loop: block for work when idle, otherwise take every input that has arrived and step."""
     while True:
-        idle = not core.scheduler.has_unfinished_requests()
+        idle = not core.has_work()
         try:
             message = input_queue.get(timeout=1.0) if idle else input_queue.get_nowait()
         except queue.Empty:
@@ -199,8 +218,8 @@ def run_busy_loop(core: EngineCore, input_queue, send, parent_pid: int) -> None:
                 message = input_queue.get_nowait()
             except queue.Empty:
                 message = None
-        if core.scheduler.has_unfinished_requests():
-            outputs = core.step()
+        if core.has_work():
+            outputs = core.step_fn()
             core.post_step()
             if events := core.drain_trace():  # a traced engine: what its observers saw, before the outputs
                 send(TraceEvents(events))

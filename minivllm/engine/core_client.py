@@ -55,7 +55,7 @@ class InprocClient:
 
     def get_output(self) -> EngineCoreOutputs:
         try:
-            outputs = (core := self._core()).step()  # in-process, consuming output means running a step
+            outputs = (core := self._core()).step_fn()  # in-process, consuming output means running a step
             core.post_step()  # speculative decoding: the drafts for the next step
             return outputs
         except EngineDeadError as e:  # a worker process died: every later call says so too

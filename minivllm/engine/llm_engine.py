@@ -129,6 +129,10 @@ class LLMEngine:
             self.tracer.extend(self.engine_core.call_utility("drain_trace"))
         return self.tracer
 
+    def disable_tracing(self) -> None:
+        """Stop recording: EngineCore detaches its tracer (the Trace collected so far is kept)."""
+        self.engine_core.call_utility("disable_tracing")
+
     def abort_request(self, request_ids: list[str]) -> None:
         """Abort requests; the id of an n > 1 request aborts its children still running."""
         children = self.output_processor.abort_requests(request_ids)

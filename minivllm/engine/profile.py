@@ -29,7 +29,7 @@ def profile_engine(llm, prompts, max_tokens) -> dict[str, float]:
         raise ValueError("profile_engine needs an in-process engine: LLM(..., multiprocess=False)")
     core = client.engine_core
     runner, scheduler = core.model_executor.driver_worker.model_runner, core.scheduler
-    model = runner.model
+    model = runner.get_model()
     totals: dict[str, float] = defaultdict(float)
     patches = [(scheduler, "schedule", "schedule"), (runner, "_update_states", "prepare inputs"),
                (runner, "_prepare_inputs", "prepare inputs"), (model, "forward", "forward"),

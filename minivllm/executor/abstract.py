@@ -6,7 +6,11 @@ as its first argument, as vLLM's) and comes back as one result per rank. `execut
 driver rank's output only; `determine_available_memory` returns every rank's answer, and EngineCore
 sizes the pool by the smallest. A subclass says where the workers live: `UniProcExecutor` holds one
 Worker in EngineCore's process; `MultiprocExecutor` one process per tensor-parallel rank, with the
-same calls. Left out: Ray, pipeline parallelism, non-blocking futures, KV connectors, sleep/wake, LoRA.
+same calls. With async scheduling EngineCore asks for `execute_model(..., non_block=True)` and gets a future
+(`done()`, `result()`) at once: UniProcExecutor runs the step on a thread of its own, MultiprocExecutor sends the
+call to the ranks and reads the reply when the result is asked for; either way calls reach the workers, and
+their replies come back, in the order they were made. Left out: Ray, pipeline parallelism, KV connectors,
+sleep/wake, LoRA.
 """
 from __future__ import annotations
 
@@ -16,14 +20,28 @@ from typing import Any, Callable
 from minivllm.config import EngineConfig
 from minivllm.core.kv_cache_utils import KVCacheConfig
 from minivllm.core.sched.output import SchedulerOutput
-from minivllm.outputs import ModelRunnerOutput
 
 # distributed_executor_backend -> the class that runs it (by name: the subclasses import this module)
 EXECUTOR_BACKENDS = {"uni": "minivllm.executor.uniproc_executor.UniProcExecutor",
                      "mp": "minivllm.executor.multiproc_executor.MultiprocExecutor"}
 
 
+class FutureWrapper:
+    """A future whose result is `fn` of another future's (vLLM's FutureWrapper): the driver rank's output out of
+    every rank's, say."""
+
+    def __init__(self, inner, fn: Callable[[Any], Any]) -> None:
+        self.inner, self.fn = inner, fn
+
+    def done(self) -> bool:
+        return self.inner.done()
+
+    def result(self) -> Any:
+        return self.fn(self.inner.result())
+
+
 class Executor:
+    execute_model_timeout: float | None = None  # seconds a step may take before the engine is declared dead
     def __init__(self, config: EngineConfig, model_folder: str) -> None:
         self.config, self.model_folder = config, model_folder
         self.is_failed = False
@@ -41,9 +59,11 @@ class Executor:
         raise NotImplementedError
 
     def collective_rpc(self, method: str | Callable, args: tuple = (), kwargs: dict | None = None,
-                       unique_reply_rank: int | None = None, timeout: float | None = None) -> list[Any]:
+                       unique_reply_rank: int | None = None, timeout: float | None = None,
+                       non_block: bool = False) -> list[Any]:
         """Run `method` on every worker; one result per rank, rank 0 first (with `unique_reply_rank`, only
-        that rank's, in a list of one). `timeout`: seconds to wait for the answer, None for no limit."""
+        that rank's, in a list of one). `timeout`: seconds to wait for the answer, None for no limit.
+        `non_block`: return a future of that list at once; a later blocking call waits for it first."""
         raise NotImplementedError
 
     def determine_available_memory(self) -> list[int]:
@@ -55,9 +75,11 @@ class Executor:
         self.collective_rpc("initialize_from_config", args=(kv_cache_config,))
         self.collective_rpc("compile_or_warm_up_model")
 
-    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        """One step on every worker; the driver rank's output is the step's."""
-        return self.collective_rpc("execute_model", args=(scheduler_output,))[0]
+    def execute_model(self, scheduler_output: SchedulerOutput, non_block: bool = False):
+        """One step on every worker; the driver rank's output is the step's (with non_block, a future of it)."""
+        output = self.collective_rpc("execute_model", args=(scheduler_output,), unique_reply_rank=0,
+                                     timeout=self.execute_model_timeout, non_block=non_block)
+        return FutureWrapper(output, lambda replies: replies[0]) if non_block else output[0]
 
     def take_draft_token_ids(self):
         """Speculative decoding: the drafts the driver rank proposed in the last step (a DraftTokenIds or None)."""

@@ -23,8 +23,10 @@ dies (PR_SET_PDEATHSIG), so none outlives EngineCore, even one killed with SIGKI
 OpenMP threads are split between the ranks on one machine (vLLM's VLLM_CPU_OMP_THREADS_BIND="auto"):
 each rank takes cores // local ranks threads, bound to its own cores where there are enough, unless
 OMP_NUM_THREADS was set. A call is pickled by reference: a function passed to collective_rpc must be
-importable (module level), not a lambda (vLLM uses cloudpickle). Left out: the shared-memory message
-queue, non-blocking execute_model futures, pipeline parallel ranks, Ray, worker death callbacks.
+importable (module level), not a lambda (vLLM uses cloudpickle). A non-blocking call (async scheduling's
+execute_model) is sent at once and its reply read only when its result is asked for (or before any later
+call's), replies in the order of the calls, as vLLM's futures queue. Left out: the shared-memory message queue,
+pipeline parallel ranks, Ray, worker death callbacks.
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ import multiprocessing
 import os
 import socket
 import weakref
+from collections import deque
 from multiprocessing.connection import wait
 from typing import Any, Callable
 
@@ -41,7 +44,6 @@ from minivllm.engine.exceptions import EngineDeadError
 from minivllm.engine.utils import child_setup
 from minivllm.executor.abstract import Executor
 from minivllm.executor.multiproc_worker import SHUTDOWN, WorkerFailure, worker_main
-from minivllm.outputs import ModelRunnerOutput
 
 logger = logging.getLogger("minivllm")
 
@@ -64,8 +66,37 @@ def distributed_init_method(config: EngineConfig) -> str:
     return f"tcp://127.0.0.1:{get_open_port()}"
 
 
+class PendingReply:
+    """A call sent to the ranks whose reply is still in the pipe: result() reads the replies up to its own."""
+
+    def __init__(self, executor: "MultiprocExecutor", unique_reply_rank: int | None, timeout: float | None) -> None:
+        self.executor, self.unique_reply_rank, self.timeout = executor, unique_reply_rank, timeout
+        self._done, self._value, self._error = False, None, None
+
+    def done(self) -> bool:
+        return self._done
+
+    def result(self) -> list[Any]:
+        while not self._done:
+            self.executor._receive_pending()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    def _settle(self) -> None:
+        try:
+            reply = self.executor._receive(self.timeout)
+            self._value = [reply] if self.unique_reply_rank is not None else reply
+        except BaseException as e:  # the step's failure is raised by result(), where the caller asks for it
+            self._error = e
+        self._done = True
+
+
 class MultiprocExecutor(Executor):
+    execute_model_timeout = EXECUTE_MODEL_TIMEOUT_S
+
     def _init_executor(self) -> None:
+        self._pending: deque[PendingReply] = deque()  # sent, reply not read yet; oldest first
         config = self.config
         init_method = distributed_init_method(config)
         # EngineCore's own process may be daemonic (minivllm starts it so); a daemonic process may not
@@ -115,10 +146,16 @@ class MultiprocExecutor(Executor):
         return self._failed(f"worker process {worker.name} (pid={worker.pid}) died with exit code "
                             f"{worker.exitcode}; the other ranks were stopped. Create a new LLM to continue.")
 
+    def _receive_pending(self) -> None:
+        self._pending.popleft()._settle()
+
     def collective_rpc(self, method: str | Callable, args: tuple = (), kwargs: dict | None = None,
-                       unique_reply_rank: int | None = None, timeout: float | None = None) -> list[Any]:
+                       unique_reply_rank: int | None = None, timeout: float | None = None,
+                       non_block: bool = False):
         """Run `method` on every rank; one result per rank (or, with unique_reply_rank=0, the driver's only).
         `timeout`: seconds to wait for the reply (None: as long as it takes, e.g. loading the model)."""
+        while self._pending and not non_block:  # replies come in call order: the calls in flight first
+            self._receive_pending()
         if self.is_failed or self.driver_conn is None:
             raise EngineDeadError("The tensor-parallel workers are gone (a worker failed, or the executor was "
                                   "shut down). Create a new LLM to continue.")
@@ -126,12 +163,11 @@ class MultiprocExecutor(Executor):
             self.driver_conn.send((method, args, kwargs or {}, unique_reply_rank))
         except (BrokenPipeError, OSError):
             raise self._dead(self.workers[0]) from None
+        if non_block:
+            self._pending.append(PendingReply(self, unique_reply_rank, timeout))
+            return self._pending[-1]
         reply = self._receive(timeout)
         return [reply] if unique_reply_rank is not None else reply
-
-    def execute_model(self, scheduler_output) -> ModelRunnerOutput:
-        return self.collective_rpc("execute_model", args=(scheduler_output,), unique_reply_rank=0,
-                                   timeout=EXECUTE_MODEL_TIMEOUT_S)[0]
 
     def check_health(self) -> None:
         """Raise EngineDeadError if a local worker process is gone (no call to the ranks: EngineCore's busy

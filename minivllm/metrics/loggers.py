@@ -68,8 +68,7 @@ class PrometheusStatLogger:
         """The Prometheus text exposition, after reading EngineCore.get_stats() into the gauges."""
         self.gauge_scheduler_running.set(stats["num_running"])
         self.gauge_scheduler_waiting.set(stats["num_waiting"])
-        usable = max(stats["num_gpu_blocks"] - 1, 1)  # block 0 is the null block, never handed out
-        self.gauge_kv_cache_usage.set(1.0 - stats["num_free_blocks"] / usable)
+        self.gauge_kv_cache_usage.set(stats["kv_cache_usage"])
         queries, hits = stats["prefix_cache_queries"], stats["prefix_cache_hits"]
         # get_stats counts since the last reset_prefix_cache(): a drop means a reset, start again from it
         seen_q, seen_h = self._cache_seen if queries >= self._cache_seen[0] else (0, 0)

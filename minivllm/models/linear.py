@@ -246,5 +246,4 @@ class RowParallelLinear(LinearBase):
         output = self.matmul(x)  # [num_tokens, output_size]: this rank's partial sum
         if self.reduce_results and self.tp_size > 1:
             output = tensor_model_parallel_all_reduce(output)
-            get_tp_group().label(self.prefix)
         return output, None

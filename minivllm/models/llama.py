@@ -8,16 +8,8 @@ q/k/v and gate/up are fused into one matmul each; `load_weights` hands each of H
 separate tensors to its fused parameter's weight_loader, which keeps this rank's slice.
 Under tensor parallelism each worker builds the same model with its shard of every layer
 (linear.py, vocab_parallel_embedding.py): its own query and KV heads, its own slice of the
-MLP, two all-reduces per layer. `compute_logits` runs lm_head only on the rows the runner
-selected with logits_indices.
-
-Where we differ from vLLM: when forward_context's additional_kwargs carry "logits_indices"
-(the runner sets them when no row of the step needs more, i.e. no prompt logprobs), the last
-layer keeps only those rows after its attention, so its o_proj and MLP skip every prompt row
-that samples nothing, and the forward returns [num_logits, hidden_size]. Every layer still
-writes every row's K/V. A 32-prompt prefill of 4,576 tokens skips 4,544 rows of one layer's
-o_proj and MLP (about 1/35 of the step's GEMM work). vLLM's Llama returns every row and its
-runner selects them.
+MLP, two all-reduces per layer. The forward returns a hidden state for every scheduled token;
+`compute_logits` runs lm_head only on the rows the runner selected with logits_indices.
 Left out: pipeline parallelism, LoRA, quantization.
 """
 from __future__ import annotations
@@ -28,7 +20,6 @@ import torch
 from torch import nn
 
 from minivllm.attention import Attention
-from minivllm.forward_context import get_forward_context
 from minivllm.models.layers import RMSNorm, RotaryEmbedding, SiluAndMul
 from minivllm.models.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear, \
     default_weight_loader
@@ -59,16 +50,13 @@ class LlamaAttention(nn.Module):
         self.attn = Attention(self.num_heads, self.head_dim, self.head_dim**-0.5, self.num_kv_heads,
                               layer_name=f"{prefix}.attn")
 
-    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor,
-                keep_rows: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
         qkv, _ = self.qkv_proj(hidden_states)  # [num_tokens, q_size + 2 * kv_size]
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q, k = self.rotary_emb(positions, q.view(-1, self.num_heads, self.head_dim),
                                k.view(-1, self.num_kv_heads, self.head_dim))
         attn_output = self.attn(q, k, v)  # every row's K/V is in the cache now
-        if keep_rows is not None:  # ours: the last layer's rows that lm_head reads (see the module docstring)
-            attn_output = attn_output[keep_rows]
-        output, _ = self.o_proj(attn_output)  # [rows, hidden_size], summed over the ranks
+        output, _ = self.o_proj(attn_output)  # [num_tokens, hidden_size], summed over the ranks
         return output
 
 
@@ -96,17 +84,15 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor, residual: torch.Tensor | None,
-                keep_rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor,
+                residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         # The residual stream is carried beside the hidden states; each norm adds the previous
         # sublayer's output into it (x + f(norm(x)) per sublayer, as in HF, with the add fused).
         if residual is None:
             hidden_states, residual = self.input_layernorm(hidden_states), hidden_states
         else:
             hidden_states, residual = self.input_layernorm(hidden_states, residual)
-        hidden_states = self.self_attn(positions, hidden_states, keep_rows)
-        if keep_rows is not None:
-            residual = residual[keep_rows]
+        hidden_states = self.self_attn(positions, hidden_states)
         hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
         return self.mlp(hidden_states), residual
 
@@ -129,12 +115,9 @@ class LlamaModel(nn.Module):
         # [num_tokens, hidden_size]; inputs_embeds given (a replayed CPU graph's input): the lookup ran already
         hidden_states = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
         residual = None
-        *layers, last = self.layers
-        for layer in layers:
+        for layer in self.layers:
             hidden_states, residual = layer(positions, hidden_states, residual)
-        hidden_states, residual = last(positions, hidden_states, residual,
-                                       get_forward_context().additional_kwargs.get("logits_indices"))
-        return self.norm(hidden_states, residual)[0]  # [num_tokens or num_logits, hidden_size]
+        return self.norm(hidden_states, residual)[0]  # [num_tokens, hidden_size]
 
 
 class LlamaForCausalLM(nn.Module):

@@ -14,7 +14,6 @@ import torch
 from torch import nn
 
 from minivllm.distributed.communication_op import tensor_model_parallel_all_gather
-from minivllm.distributed.parallel_state import get_tp_group
 from minivllm.models.vocab_parallel_embedding import ParallelLMHead
 
 
@@ -27,5 +26,4 @@ class LogitsProcessor(nn.Module):
         logits = lm_head.matmul(hidden_states)  # [num_logits, vocab_size / tp]: this rank's ids
         if lm_head.tp_size > 1:
             logits = tensor_model_parallel_all_gather(logits, dim=-1)  # [num_logits, padded vocab], every rank
-            get_tp_group().label(lm_head.prefix)
         return logits[..., :self.vocab_size]

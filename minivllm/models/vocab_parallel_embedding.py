@@ -52,7 +52,6 @@ class VocabParallelEmbedding(nn.Module):
         local_ids = (input_ids - self.vocab_start_index).masked_fill(outside, 0)
         output = F.embedding(local_ids, self.weight).masked_fill(outside.unsqueeze(-1), 0)
         output = tensor_model_parallel_all_reduce(output)
-        get_tp_group().label(self.prefix)
         return output
 
     def extra_repr(self) -> str:

@@ -75,14 +75,17 @@ def _width(value: str) -> int:
 def run_traced(llm, requests: list[tuple]):
     """Submit (prompt, SamplingParams) pairs in one message, run them to the end with tracing on.
 
-    Returns the Trace. `llm.generate` would give the same tokens: tracing only observes.
+    Returns the Trace. `llm.generate` would give the same tokens: tracing only observes, and is off again after.
     """
     engine = llm.llm_engine
     engine.enable_tracing()
-    engine.add_processed_requests([engine.process_inputs(engine.next_request_id(), p, sp) for p, sp in requests])
-    while engine.has_unfinished_requests():
-        engine.step()
-    return engine.collect_trace()
+    try:
+        engine.add_processed_requests([engine.process_inputs(engine.next_request_id(), p, sp) for p, sp in requests])
+        while engine.has_unfinished_requests():
+            engine.step()
+        return engine.collect_trace()
+    finally:
+        engine.disable_tracing()
 
 
 def run_trace(args: argparse.Namespace, console=None):

@@ -9,14 +9,19 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from minivllm.tracing.collectives import CollectiveRecorder
 from minivllm.tracing.text import atom
+
+_recorder = CollectiveRecorder()  # this worker process's: attached while a trace is open
 
 
 def set_collective_recording(worker, on: bool) -> None:
     """In each worker: record (or stop recording) the tensor-parallel group's collectives."""
     from minivllm.distributed.parallel_state import get_tp_group
-    group = get_tp_group()
-    group.record, group.records = on, []
+    if on:
+        _recorder.attach(get_tp_group(), worker.model_runner.get_model())
+    else:
+        _recorder.detach()
 
 
 def record_collectives(model_executor, on: bool) -> None:
@@ -27,12 +32,12 @@ def record_collectives(model_executor, on: bool) -> None:
 
 def describe_rank(worker) -> dict[str, Any]:
     """In each worker: which shard this rank holds, and the collectives it took part in since the last call
-    (its GroupCoordinator records them while tracing is on), which are then cleared."""
+    (recorded while tracing is on), which are then cleared."""
     from minivllm.distributed.parallel_state import get_tp_group
     from minivllm.models.linear import ColumnParallelLinear, QKVParallelLinear
     from minivllm.models.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
     tp, runner = get_tp_group(), worker.model_runner
-    modules = list(runner.model.named_modules())
+    modules = list(runner.get_model().named_modules())
     qkv = next(m for _, m in modules if isinstance(m, QKVParallelLinear))
     mlp_name, mlp = next((n, m) for n, m in modules if type(m) is not QKVParallelLinear
                          and isinstance(m, ColumnParallelLinear))  # gate_up_proj (Llama) or fc1 (OPT)
@@ -40,7 +45,7 @@ def describe_rank(worker) -> dict[str, Any]:
     lm_head = next(m for _, m in modules if isinstance(m, ParallelLMHead))
     r, kv_first = tp.rank_in_group, (tp.rank_in_group // qkv.num_kv_head_replicas) * qkv.num_kv_heads
     units = mlp.output_sizes[0] // tp.world_size  # this rank's slice of each fused part
-    records, tp.records = tp.records, []
+    records = _recorder.take()
     reduces = [e for e in records if e["op"] == "all_reduce"]
     return {"rank": r, "tp_size": tp.world_size, "pid": os.getpid(),
             "query_heads": [r * qkv.num_heads, (r + 1) * qkv.num_heads], "total_num_heads": qkv.total_num_heads,

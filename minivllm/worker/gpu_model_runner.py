@@ -1,14 +1,15 @@
 """Mirror of vllm/v1/worker/gpu_model_runner.py: SchedulerOutput in, sampled tokens out.
 
 Keeps per-request state (InputBatch rows), applies each SchedulerOutput as a delta, packs the scheduled tokens on one
-dimension, installs forward_context, runs the model (Llama returns only the `logits_indices` rows, ours: see
-models/llama.py; OPT every row), projects those rows through lm_head and samples; prompt_logprobs requests need every
-row and take them through lm_head chunk by chunk, as vLLM's _get_prompt_logprobs_dict. The Worker builds it over a
-loaded model and gives it its KV cache; `last_batch` / `last_attn_metadata` hold a step's packed input. On the CPU,
-decode batches run as CPU graphs (compilation/cpu_graph.py, for CUDA graphs) unless enforce_eager. With speculative
-decoding a request's drafts are packed after its last token, its last d + 1 rows go through lm_head, sampling_step.py
-verifies them, and the NgramProposer drafts the next step's (its spec_token_ids). Left out: CUDA graphs,
-torch.compile, pipeline parallelism, LoRA, multimodal inputs, async output copies.
+dimension, installs forward_context, runs the model (a hidden state for every scheduled token), picks the
+`logits_indices` rows, projects them through lm_head and samples; prompt_logprobs requests need every row and take
+them through lm_head chunk by chunk, as vLLM's _get_prompt_logprobs_dict. The Worker builds it over a loaded model
+and gives it its KV cache; `last_batch` / `last_attn_metadata` hold a step's packed input. On the CPU the model is
+wrapped once, here, in CPUGraphWrapper (compilation/cpu_graph.py, vLLM's CUDAGraphWrapper), which replays decode
+batches unless enforce_eager; the runner calls it as it calls any model. With speculative decoding a request's
+drafts are packed after its last token, its last d + 1 rows go through lm_head, sampling_step.py verifies them,
+and the NgramProposer drafts the next step's (its spec_token_ids). Left out: CUDA graphs, torch.compile, pipeline
+parallelism, LoRA, multimodal inputs, async output copies.
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from minivllm.spec_decode.ngram_proposer import NgramProposer
 from minivllm.utils import mem_utils
 from minivllm.utils.math_utils import cdiv
 from minivllm.worker.input_batch import InputBatch, PackedBatch
+from minivllm.worker.prompt_logprobs import PromptLogprobs
 from minivllm.worker.sampling_step import propose_draft_token_ids, sample_tokens
 from minivllm.worker.sampling_state import SamplingState
 
@@ -79,8 +81,9 @@ class GPUModelRunner:
         self.attn_layers: dict[str, Attention] = {m.layer_name: m for m in model.modules() if isinstance(m, Attention)}
         self.attn_impl = get_attn_impl(attention_backend)
         self.kv_caches: list[torch.Tensor] = []
-        self.cpu_graph = None if enforce_eager else CPUGraphWrapper.for_model(
-            model, self.attn_layers, attention_backend, max_num_reqs, max_blocks)
+        if not enforce_eager:  # vLLM's `self.model = CUDAGraphWrapper(self.model, ...)`, where a replay can serve
+            self.model = CPUGraphWrapper.maybe_wrap(model, self.attn_layers, attention_backend, max_num_reqs,
+                                                    max_blocks)
         if num_gpu_blocks is not None:
             self.initialize_kv_cache(num_gpu_blocks)
         self.input_batch = InputBatch(max_num_reqs, max_model_len, max_blocks)
@@ -91,10 +94,18 @@ class GPUModelRunner:
             speculative_config.num_speculative_tokens, speculative_config.prompt_lookup_min,
             speculative_config.prompt_lookup_max, max_model_len)
         self._draft_token_ids: DraftTokenIds | None = None
-        # prompt_logprobs: how many alternatives each still-prefilling request wants, and what its chunks gave
-        self.num_prompt_logprobs, self.in_progress_prompt_logprobs = {}, {}  # req_id -> int, req_id -> list
+        self.prompt_logprobs = PromptLogprobs(self.vocab_size)  # requests still prefilling that want them
         self.last_batch: PackedBatch | None = None  # the last step's packed input, for readers after the step
         self.last_attn_metadata: AttentionMetadata | None = None  # and its attention metadata (tracing, notebooks)
+
+    def get_model(self) -> torch.nn.Module:
+        """The model itself, unwrapped (vLLM's get_model)."""
+        return self.model.unwrap() if isinstance(self.model, CPUGraphWrapper) else self.model
+
+    def capture_model(self) -> None:
+        """vLLM's capture_model, once the KV cache is bound: the CPU graphs' recordings, where the model is wrapped."""
+        if isinstance(self.model, CPUGraphWrapper):
+            self.model.capture_model()
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         """vLLM's initialize_kv_cache: allocate every layer's cache and bind it, with the backend, to the layer."""
@@ -114,15 +125,14 @@ class GPUModelRunner:
         for req_id in so.finished_req_ids:
             batch.remove_request(req_id)
             self.sampling_state.remove_request(req_id)
-            self.num_prompt_logprobs.pop(req_id, None)
-            self.in_progress_prompt_logprobs.pop(req_id, None)
+            self.prompt_logprobs.remove_request(req_id)
         for req_id in so.preempted_req_ids:
             batch.remove_request(req_id)  # its row is gone; its sampling state stays for the recompute
         for new in so.scheduled_new_reqs:
             params = new.sampling_params
             self.sampling_state.add_request(new.req_id, params, len(new.prompt_token_ids))
-            if (k := params.prompt_logprobs) is not None:
-                self.num_prompt_logprobs[new.req_id] = self.vocab_size if k == -1 else k
+            if params.prompt_logprobs is not None:
+                self.prompt_logprobs.add_request(new.req_id, params.prompt_logprobs)
             batch.add_request(new.req_id, new.prompt_token_ids, new.block_ids)
         cached = so.scheduled_cached_reqs
         for i, req_id in enumerate(cached.req_ids):
@@ -178,36 +188,10 @@ class GPUModelRunner:
             query_start_loc=b.query_start_loc, max_seq_len=max(seq_lens), seq_lens=b.seq_lens,
             block_table=b.block_table, slot_mapping=b.slot_mapping, query_start_loc_cpu=qsl, seq_lens_cpu=seq_lens)
 
-    # As vLLM: the row of prompt position p predicts prompt token p + 1, so a prompt of P tokens has P - 1
-    # prompt logprobs. Each chunk fills its slice; the whole list goes out in the step that runs the last
-    # chunk (which also samples the first output token). A request preempted mid-prefill refills its slices.
-    PROMPT_LOGPROBS_CHUNK = 256  # rows through lm_head at a time: [chunk, vocab_size] floats
-
     def _get_prompt_logprobs_dict(self, b: PackedBatch, hidden_states: torch.Tensor) -> dict[str, list]:
-        done: dict[str, list] = {}
-        qsl = b.query_start_loc.tolist()
-        for i, req_id in enumerate(b.req_ids):
-            k = self.num_prompt_logprobs.get(req_id)
-            if k is None:
-                continue
-            num_prompt = self.sampling_state.num_prompt_tokens[req_id]
-            start, num_scheduled = int(b.num_computed_tokens[i]), int(b.num_scheduled_tokens[i])
-            entries = self.in_progress_prompt_logprobs.setdefault(req_id, [None] * (num_prompt - 1))
-            num_logits = min(num_scheduled, num_prompt - 1 - start)
-            row = self.input_batch.req_id_to_row[req_id]
-            for lo in range(0, max(num_logits, 0), self.PROMPT_LOGPROBS_CHUNK):
-                hi = min(num_logits, lo + self.PROMPT_LOGPROBS_CHUNK)
-                logits = self.model.compute_logits(hidden_states[qsl[i] + lo:qsl[i] + hi])  # [hi - lo, vocab]
-                targets = torch.from_numpy(self.input_batch.token_ids_cpu[row, start + lo + 1:start + hi + 1])
-                computed = Sampler._logprobs(logits.float(), targets.to(logits.device), k)  # raw, as vLLM's
-                lp, rank, top_ids, top_lp = (t.tolist() for t in computed)
-                for j in range(hi - lo):
-                    entries[start + lo + j] = (lp[j], rank[j], list(zip(top_ids[j], top_lp[j])))
-            if start + num_scheduled >= num_prompt:
-                done[req_id] = entries
-        for req_id in done:
-            del self.num_prompt_logprobs[req_id], self.in_progress_prompt_logprobs[req_id]
-        return done
+        """The prompt logprobs of the requests whose prefill ended this step (worker/prompt_logprobs.py)."""
+        return self.prompt_logprobs.compute(b, hidden_states, self.model, self.input_batch,
+                                            self.sampling_state.num_prompt_tokens)
 
     @torch.inference_mode()
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
@@ -217,16 +201,11 @@ class GPUModelRunner:
             return ModelRunnerOutput([], {}, [])
         b = self.last_batch = self._prepare_inputs(so)
         attn_metadata = self.last_attn_metadata = self._attn_metadata(b)
-        if self.cpu_graph is not None and self.cpu_graph.takes(b):  # a decode batch: captured or replayed
-            hidden_states = self.cpu_graph(b)
-        else:
-            keep = {} if self.num_prompt_logprobs else {"logits_indices": b.logits_indices}  # those need every row
-            with set_forward_context(attn_metadata, self.attn_layers, b.slot_mapping, additional_kwargs=keep):
-                hidden_states = self.model(b.input_ids, b.positions)  # [num_tokens or num_logits, hidden_size]
-        prompt_logprobs = self._get_prompt_logprobs_dict(b, hidden_states) if self.num_prompt_logprobs else {}
+        with set_forward_context(attn_metadata, self.attn_layers, b.slot_mapping):
+            hidden_states = self.model(b.input_ids, b.positions)  # [num_tokens, hidden_size]
+        prompt_logprobs = self._get_prompt_logprobs_dict(b, hidden_states) if self.prompt_logprobs else {}
         sampling_ids = [b.req_ids[i] for i in b.sampling_req_indices]
-        rows = hidden_states if len(hidden_states) == len(b.logits_indices) else hidden_states[b.logits_indices]
-        logits = self.model.compute_logits(rows)  # [num_logits, vocab]; equal lengths: kept, or arange (all sample)
+        logits = self.model.compute_logits(hidden_states[b.logits_indices])  # [num_logits, vocab]
         outputs, sampled_logprobs = sample_tokens(self.sampler, self.rejection_sampler, self.sampling_state,
                                                   self.input_batch, logits, sampling_ids, b.spec_decode_metadata) \
             if sampling_ids else ([], None)

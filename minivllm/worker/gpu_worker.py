@@ -108,8 +108,7 @@ class Worker:
         """vLLM's: with the KV cache in place, capture the graphs. Here the CPU graphs of decode batches
         (minivllm/compilation/cpu_graph.py); nothing is compiled. Then, as vLLM's, freeze this process's heap
         (utils/gc_utils.py)."""
-        if self.model_runner.cpu_graph is not None:
-            self.model_runner.cpu_graph.capture_model()
+        self.model_runner.capture_model()
         freeze_gc_heap()
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
@@ -119,7 +118,7 @@ class Worker:
         return self.model_runner.take_draft_token_ids()
 
     def get_model(self) -> torch.nn.Module:
-        return self.model_runner.model
+        return self.model_runner.get_model()
 
     def check_health(self) -> None:
         return  # answering at all is the health: the executor notices a worker process that is gone

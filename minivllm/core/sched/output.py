@@ -31,6 +31,10 @@ class CachedRequestData:
     new_block_ids: list[list[int]] = field(default_factory=list)
     num_computed_tokens: list[int] = field(default_factory=list)
 
+    @property
+    def num_reqs(self) -> int:
+        return len(self.req_ids)
+
     @classmethod
     def make(cls, running: list, resumed: list, new_block_ids: dict[str, list[int]]) -> "CachedRequestData":
         """The delta of the running requests scheduled this step, then of the preempted ones resumed."""

@@ -5,7 +5,9 @@ With prefix caching a waiting request is admitted at the end of its longest cach
 only for the rest. With speculative decoding a running request's drafts are budgeted like any uncomputed
 token; update_from_output rolls num_computed_tokens back by the rejected ones. `observers` (tracing) are told
 after add_request, schedule, update_from_output and finish_requests, to read the state; they change nothing.
-Left out: encoder inputs, structured output, KV connectors, async scheduling.
+Async scheduling is AsyncScheduler (async_scheduler.py), built on the hooks here: `_update_after_schedule`,
+`_update_request_with_output` and each request's num_output_placeholders. Left out: encoder inputs, structured
+output, KV connectors.
 """
 from __future__ import annotations
 
@@ -72,7 +74,10 @@ class Scheduler:
             if num_new_tokens == 0:
                 req_index += 1
                 continue
-            while (new_blocks := self.kv_cache_manager.allocate_slots(request, num_new_tokens)) is None:
+            while True:
+                new_blocks = self.kv_cache_manager.allocate_slots(request, num_new_tokens)
+                if new_blocks is not None:
+                    break
                 victim = self._select_victim()
                 self.running.remove(victim)
                 if victim in scheduled_running:  # already planned this step (priority): give back its tokens,
@@ -94,7 +99,8 @@ class Scheduler:
             token_budget -= num_new_tokens
             req_index += 1
             if request.spec_token_ids:  # drafts past the budget are dropped; new ones come with the step's output
-                if (num_drafts := request.num_computed_tokens + num_new_tokens - request.num_tokens) > 0:
+                num_drafts = request.num_computed_tokens + num_new_tokens - request.num_tokens
+                if num_drafts > 0:
                     spec_tokens[request.request_id] = request.spec_token_ids[:num_drafts]
                 request.spec_token_ids = []
 
@@ -104,7 +110,8 @@ class Scheduler:
                 break
             request = self.waiting.peek_request()
             computed_blocks, num_computed_tokens = self.kv_cache_manager.get_computed_blocks(request)
-            if not (num_new_tokens := self._num_new_tokens(request, token_budget, num_computed_tokens)):
+            num_new_tokens = self._num_new_tokens(request, token_budget, num_computed_tokens)
+            if num_new_tokens == 0:
                 break  # too long to fit whole without chunked prefill: stays at the head of WAITING, retried whole
             new_blocks = self.kv_cache_manager.allocate_slots(request, num_new_tokens, num_computed_tokens,
                                                               computed_blocks)
@@ -135,11 +142,15 @@ class Scheduler:
             preempted_req_ids={r.request_id for r in preempted},
             scheduled_spec_decode_tokens=spec_tokens,
         )
-        for req_id, n in num_scheduled_tokens.items():
-            self.requests[req_id].num_computed_tokens += n
-        self.finished_req_ids = set()
+        self._update_after_schedule(output)
         self._notify("on_schedule", output)
         return output
+
+    def _update_after_schedule(self, scheduler_output: SchedulerOutput) -> None:
+        """Advance each scheduled request's progress as if its step had run; the runner drops the finished."""
+        for req_id, n in scheduler_output.num_scheduled_tokens.items():
+            self.requests[req_id].num_computed_tokens += n
+        self.finished_req_ids = set()
 
     def _num_new_tokens(self, request: Request, token_budget: int, num_computed_tokens: int | None = None) -> int:
         """How far num_computed_tokens (at admission the cache hit: whole blocks, never the last token, so 48 cached
@@ -148,7 +159,10 @@ class Scheduler:
         admitting = num_computed_tokens is not None
         if not admitting:  # a running request's drafts count like any uncomputed token (a waiting one has none)
             num_computed_tokens = request.num_computed_tokens
-        num_new_tokens = (request.num_tokens if admitting else request.num_tokens_with_spec) - num_computed_tokens
+        # A running request's placeholders (async scheduling) are tokens of steps still in flight: each is
+        # scheduled like a known one, its value filled in by the runner.
+        num_new_tokens = (request.num_tokens if admitting else
+                          request.num_tokens_with_spec + request.num_output_placeholders) - num_computed_tokens
         cfg = self.scheduler_config
         if cfg.enable_chunked_prefill and cfg.long_prefill_token_threshold:
             num_new_tokens = min(num_new_tokens, cfg.long_prefill_token_threshold)
@@ -181,6 +195,7 @@ class Scheduler:
         """Append sampled tokens, check stops, free what finished, report the deltas."""
         outputs: list[EngineCoreOutput] = []
         stopped_running_reqs: set[Request] = set()
+        stopped_preempted_reqs: set[Request] = set()
         logprobs = model_runner_output.logprobs
         for req_id in scheduler_output.num_scheduled_tokens:
             request = self.requests.get(req_id)
@@ -190,20 +205,26 @@ class Scheduler:
             generated = model_runner_output.sampled_token_ids[req_index]
             if not generated:
                 continue  # a partial prefill chunk samples nothing
-            if drafts := scheduler_output.scheduled_spec_decode_tokens.get(req_id):  # kept len(generated) - 1
+            drafts = scheduler_output.scheduled_spec_decode_tokens.get(req_id)
+            if drafts:  # kept len(generated) - 1
                 request.num_computed_tokens -= len(drafts) + 1 - len(generated)  # roll back the rejected drafts
                 self.spec_decoding_stats.observe_draft(len(drafts), len(generated) - 1)
+            was_preempted = request.status == RequestStatus.PREEMPTED  # async: preempted while its step ran
             new_token_ids, stopped = self._update_request_with_output(request, generated)
             new_logprobs = logprobs[req_index][:len(new_token_ids)] if logprobs and logprobs[req_index] else None
-            if stopped:  # finished: its blocks go back to the pool now
-                self._free_request(request)
-                stopped_running_reqs.add(request)
+            if stopped:
+                finished = self._handle_stopped_request(request)
+                if finished:  # its blocks go back to the pool now
+                    self._free_request(request)
+                (stopped_preempted_reqs if was_preempted else stopped_running_reqs).add(request)
             outputs.append(EngineCoreOutput(req_id, new_token_ids, new_logprobs,
                                             request.get_finished_reason(), request.stop_reason,
                                             model_runner_output.prompt_logprobs_dict.get(req_id),
                                             num_cached_tokens=request.num_cached_tokens))
         if stopped_running_reqs:
             self.running = remove_all(self.running, stopped_running_reqs)
+        if stopped_preempted_reqs:
+            self.waiting.remove_requests(stopped_preempted_reqs)
         engine_core_outputs = EngineCoreOutputs(outputs=outputs)
         self._notify("on_update", scheduler_output, model_runner_output, engine_core_outputs)
         return engine_core_outputs
@@ -211,7 +232,8 @@ class Scheduler:
     def update_draft_token_ids(self, draft_token_ids) -> None:
         """Speculative decoding: each still-running request's drafts for its next step (a DraftTokenIds)."""
         for req_id, drafts in zip(draft_token_ids.req_ids, draft_token_ids.draft_token_ids):
-            if (request := self.requests.get(req_id)) is not None and request.status == RequestStatus.RUNNING:
+            request = self.requests.get(req_id)
+            if request is not None and request.status == RequestStatus.RUNNING:
                 request.spec_token_ids = drafts
 
     def _update_request_with_output(self, request: Request, new_token_ids: list[int]) -> tuple[list[int], bool]:
@@ -234,6 +256,11 @@ class Scheduler:
             request.status = finished_status
             self._free_request(request)
         self._notify("on_finish_requests", ids, finished_status)
+
+    def _handle_stopped_request(self, request: Request) -> bool:
+        """True: the stopped request is finished. (vLLM returns False for a resumable streaming-input session,
+        which it re-queues for its next input; minivllm has no such sessions, so every stop finishes.)"""
+        return True
 
     def _free_request(self, request: Request) -> None:
         self.kv_cache_manager.free(request)
