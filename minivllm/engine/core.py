@@ -80,7 +80,8 @@ class EngineCore:
         return {"max_model_len": self.max_model_len, "num_gpu_blocks": self.num_gpu_blocks,
                 "block_size": self.block_size, "attention_backend": self.attention_backend, "pid": os.getpid(),
                 "tensor_parallel_size": self.model_executor.config.tensor_parallel_size,
-                "max_num_batched_tokens": self.scheduler.scheduler_config.max_num_batched_tokens}  # as resolved
+                "max_num_batched_tokens": self.scheduler.scheduler_config.max_num_batched_tokens,  # as resolved
+                "async_scheduling": self.batch_queue is not None}
 
     def add_request(self, request: EngineCoreRequest) -> None:
         self.scheduler.add_request(Request(request.request_id, request.prompt_token_ids, request.sampling_params,
@@ -152,7 +153,7 @@ class EngineCore:
         `session` (the live /trace page's) is written into each event, so that a later session skips it."""
         from minivllm.tracing.tracer import EngineTracer
         self.disable_tracing()
-        self.tracer = EngineTracer(self.model_executor, session)
+        self.tracer = EngineTracer(self.model_executor, session, self.scheduler)
         self.scheduler.observers.append(self.tracer)
 
     def disable_tracing(self) -> None:

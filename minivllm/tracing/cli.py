@@ -58,6 +58,10 @@ def add_trace_arguments(p: argparse.ArgumentParser) -> None:
                    help='n-gram speculative decoding, e.g. \'{"method": "ngram", "num_speculative_tokens": 4, '
                         '"prompt_lookup_max": 4}\': each step prints the drafts it verified, how many were accepted '
                         'and the rollback (default: off)')
+    p.add_argument("--async-scheduling", action="store_true",
+                   help="schedule step N+1 while step N runs (vLLM's async scheduling, off on the CPU by default): "
+                        "each step prints when its schedule() began against the previous step's execute_model, "
+                        "and the placeholder tokens scheduled before their values were known")
     p.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
                    help="cut the model across N worker processes and show, for one step, what each rank held and "
                         "exchanged (SmolLM2-135M: 1 or 3) (default: %(default)s)")
@@ -97,7 +101,8 @@ def run_trace(args: argparse.Namespace, console=None):
               max_num_seqs=args.max_num_seqs, num_gpu_blocks_override=args.num_blocks,
               max_model_len=2048, multiprocess=not args.in_process,
               tensor_parallel_size=getattr(args, "tensor_parallel_size", 1),
-              speculative_config=getattr(args, "speculative_config", None))
+              speculative_config=getattr(args, "speculative_config", None),
+              async_scheduling=getattr(args, "async_scheduling", False))
     try:
         prefix = getattr(args, "shared_prefix", "")
         prompts = [(prefix + args.prompt, SamplingParams(temperature=0, max_tokens=args.max_tokens))]

@@ -8,34 +8,32 @@ from __future__ import annotations
 
 from minivllm.tracing.text import atom, fmt_list
 
+HEADER = ("async scheduling: EngineCore's batch queue holds two steps. Step N+1 is scheduled while step N runs; "
+          "a running request then gets a token whose value is not known yet (a placeholder, counted per request "
+          "as req:in-flight tokens; the runner fills the value in), and step N's output is applied one step later, "
+          "where a request that finished in step N has its step-N+1 token dropped.")
+
 
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.1f} ms"
 
 
-def overlap_line(sched: dict, previous: dict | None) -> str | None:
-    """When this step's schedule() began, against the previous step's execute_model (None: nothing to compare)."""
-    if "schedule_began" not in sched or previous is None or "began" not in previous:
-        return None
-    start = sched["schedule_began"] - previous["began"]
-    length = previous["ended"] - previous["began"]
-    if start < length:
-        return (f"schedule() of step {sched['step']} began {_ms(start)} into step {previous['step']}'s "
-                f"execute_model, which ran {_ms(length)}: planned while the previous step ran")
-    return (f"schedule() of step {sched['step']} began {_ms(start - length)} after step {previous['step']}'s "
-            f"execute_model ended: nothing was in flight to overlap")
-
-
-def placeholder_notes(sched: dict, update: dict) -> list[str]:
-    """The tokens scheduled ahead of their values (placeholders), and the outputs dropped at reconciliation."""
-    notes = []
-    placeholders = sched.get("placeholders") or {}
-    if placeholders:
-        notes.append("placeholders (tokens scheduled before their value is known; the runner fills them in): "
-                     + ", ".join(atom(f"{r}: {n} in flight") for r, n in placeholders.items()))
+def async_notes(sched: dict, update: dict, previous: dict | None) -> list[str]:
+    """One line on when this step's schedule() began against the previous step's execute_model, with the
+    placeholders it left in flight, and one on the outputs dropped at reconciliation; empty without async."""
+    if "schedule_began" not in sched:
+        return []
+    placeholders = " ".join(f"{r}:{n}" for r, n in (sched.get("placeholders") or {}).items())
+    line = f"placeholders {placeholders or 'none'}"
+    if previous is not None and "began" in previous:
+        start, length = sched["schedule_began"] - previous["began"], previous["ended"] - previous["began"]
+        when = (f"began {_ms(start)} into step {previous['step']}'s execute_model (which ran {_ms(length)})"
+                if start < length else f"began {_ms(start - length)} after step {previous['step']}'s execute_model "
+                                        f"ended")
+        line = f"schedule() {when}; {line}"
+    notes = [line]
     dropped = update.get("dropped") or {}
     if dropped:
-        notes.append("dropped at update_from_output: " + ", ".join(
-            atom(f"{r}'s token {fmt_list(t)}") for r, t in dropped.items())
-            + " (finished in an earlier step: a token scheduled after its end never reaches the caller)")
+        notes.append("dropped: " + ", ".join(atom(f"{r}'s token {fmt_list(t)}") for r, t in dropped.items())
+                     + " (the request finished in the step before)")
     return notes

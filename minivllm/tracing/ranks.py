@@ -24,12 +24,6 @@ def set_collective_recording(worker, on: bool) -> None:
         _recorder.detach()
 
 
-def record_collectives(model_executor, on: bool) -> None:
-    """In EngineCore: under tensor parallelism, have every rank record its collectives (or stop)."""
-    if model_executor.config.tensor_parallel_size > 1:
-        model_executor.collective_rpc(set_collective_recording, args=(on,))
-
-
 def describe_rank(worker) -> dict[str, Any]:
     """In each worker: which shard this rank holds, and the collectives it took part in since the last call
     (recorded while tracing is on), which are then cleared."""

@@ -20,6 +20,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from minivllm.tracing.overlap import HEADER, async_notes
 from minivllm.tracing.prefix import prefix_hit_notes
 from minivllm.tracing.ranks import rank_lines
 from minivllm.tracing.spec import draft_notes, step_token, verify_lines
@@ -184,6 +185,8 @@ def render_trace(trace: Trace, console: Console, full_steps: int = 0, focus: str
                          f"(tensor_parallel_size={info['tensor_parallel_size']})")
     put(console, "", f"{info['num_gpu_blocks']} KV blocks of {info['block_size']} tokens (block 0 reserved), "
                      f"max_model_len={info['max_model_len']}, {info['attention_backend']} attention")
+    if info.get("async_scheduling"):
+        put(console, "", HEADER)
     put(console, "", f"Following request {focus}. A step that admits, preempts, resumes or finishes a request, or "
                      f"runs a prefill chunk of {focus}, prints in full; any other prints one line: "
                      f"request:sampled token, free blocks.")
@@ -208,7 +211,9 @@ def render_trace(trace: Trace, console: Console, full_steps: int = 0, focus: str
                 continue
             notes = happenings(e, step["update"], focus, prompt_lens) + prefix_hit_notes(e, info["block_size"])
             notes += draft_notes(step["update"], focus)
+            overlap = async_notes(e, step["update"], by_step.get(e["step"] - 1, {}).get("execute"))
             if notes or e["step"] <= full_steps:
+                notes += overlap
                 console.rule(f"EngineCore.step() #{e['step']}: schedule -> execute_model -> update_from_output")
                 for note in notes:
                     put(console, "  * ", note)
@@ -222,6 +227,8 @@ def render_trace(trace: Trace, console: Console, full_steps: int = 0, focus: str
                 render_update(step.get("execute"), step["update"], console, decode)
             else:
                 put(console, f"step {e['step']:>3}  ", step_line(e, step["update"], decode))
+                for note in overlap:
+                    put(console, "          ", note)
         elif kind == "outputs":
             for o in e["outputs"]:
                 if o["finished"]:

@@ -3,8 +3,11 @@
 EngineTracer lives inside EngineCore (the child process by default) as an observer of the
 Scheduler: right after schedule() it records the SchedulerOutput and the queues, right after
 update_from_output the outputs and what was freed, and in between the step's packed batch, which
-it reads after the fact from every worker (`collective_rpc(describe_execute)`: each rank answers
-from its runner's `last_batch`; rank 0's answer is the one printed). Its events reach the caller
+each worker recorded right after the step (tracing/steps.py, attached to the runner while the trace is
+open) and hands over with `collective_rpc(take_step)`, oldest first; rank 0's is the one printed. With
+async scheduling the step's output is applied after the next step was scheduled: the tracer numbers steps
+as they are scheduled and matches each update to the oldest step in flight, and records when schedule()
+began and each execute_model ran, and the placeholders (tracing/overlap.py prints them). Its events reach the caller
 on tracing's own channel, TraceEvents messages sent ahead of the step's outputs (in-process: taken
 straight from the tracer), never inside EngineCoreOutputs. Trace (tracing/trace.py) lives in the caller:
 it adds "submit" and "outputs" events and holds the whole sequence. Nothing here feeds back into the engine.
@@ -12,10 +15,15 @@ it adds "submit" and "outputs" events and holds the whole sequence. Nothing here
 from __future__ import annotations
 
 import os
+import time
+from collections import deque
 from typing import Any
 
 from minivllm.request import RequestStatus
-from minivllm.tracing.ranks import describe_rank, record_collectives
+from minivllm.tracing.ranks import describe_rank, set_collective_recording
+from minivllm.tracing.steps import StepRecorder
+
+_steps = StepRecorder()  # in each worker process: the steps it ran while a trace is open
 
 
 def _ids(values) -> list:
@@ -71,21 +79,54 @@ def describe_execute(worker) -> dict[str, Any] | None:
                           "slot_mapping_len": int(md.slot_mapping.numel())}}
 
 
+def describe_step(worker) -> dict[str, Any]:
+    """In a worker, right after each step while a trace is open: its batch, and under TP its rank's part."""
+    step = {"execute": describe_execute(worker)}
+    if worker.config.tensor_parallel_size > 1:
+        step["rank"] = describe_rank(worker)
+    return step
+
+
+def set_step_recording(worker, on: bool) -> None:
+    """In each worker: attach (or detach) the step recorder, and under TP the collectives' recorder."""
+    if worker.config.tensor_parallel_size > 1:
+        set_collective_recording(worker, on)
+    _steps.attach(worker, describe_step) if on else _steps.detach()
+
+
+def take_step(worker) -> dict[str, Any] | None:
+    """In each worker: the oldest step recorded and not yet taken."""
+    return _steps.take()
+
+
 class EngineTracer:
     """A Scheduler observer (Scheduler.observers): each hook gets the scheduler, then the call's arguments."""
 
-    def __init__(self, model_executor, session: int | None = None) -> None:
+    def __init__(self, model_executor, session: int | None = None, scheduler=None) -> None:
         self.model_executor = model_executor
         self.tensor_parallel = model_executor.config.tensor_parallel_size > 1
-        record_collectives(model_executor, True)
+        # the overlap is the point of async scheduling: time the stages (one in-process worker: see on_update)
+        self.timed = bool(model_executor.config.async_scheduling) and hasattr(model_executor, "driver_worker")
+        model_executor.collective_rpc(set_step_recording, args=(True,))
+        self.scheduler, self._schedule_began = scheduler, 0.0
+        if scheduler is not None and self.timed:  # note when each schedule() begins, from outside
+            schedule = scheduler.schedule
+
+            def timed_schedule():
+                self._schedule_began = time.monotonic()
+                return schedule()
+            scheduler.schedule = timed_schedule
+        self._in_flight: deque[int] = deque()  # steps scheduled, their outputs not applied yet (async: two)
         self.session = session
         self.events: list[dict[str, Any]] = []
         self.step = 0
         self._blocks: dict[str, list[int]] = {}  # block ids per request as of the last schedule()
 
     def close(self) -> None:
-        """Detached: the ranks stop recording their collectives."""
-        record_collectives(self.model_executor, False)
+        """Detached: the workers stop recording their steps, the scheduler runs its own schedule() again."""
+        self.model_executor.collective_rpc(set_step_recording, args=(False,))
+        if self.scheduler is not None:
+            self.scheduler.__dict__.pop("schedule", None)
 
     def drain(self) -> list[dict[str, Any]]:
         events, self.events = self.events, []
@@ -108,17 +149,32 @@ class EngineTracer:
 
     def on_schedule(self, scheduler, so) -> None:
         self.step += 1
+        self._in_flight.append(self.step)
         manager = scheduler.kv_cache_manager
         self._blocks = {r: manager.get_block_ids(r) for r in scheduler.requests}
-        self._emit("schedule", **describe_schedule(scheduler, so, self.step, self._blocks))
+        timing = {}
+        if self.timed:
+            timing = {"schedule_began": self._schedule_began,
+                      "placeholders": {r.request_id: r.num_output_placeholders for r in scheduler.running
+                                       if r.num_output_placeholders}}
+        self._emit("schedule", **describe_schedule(scheduler, so, self.step, self._blocks), **timing)
 
     def on_update(self, scheduler, so, model_output, outputs) -> None:
-        executed = self.model_executor.collective_rpc(describe_execute)[0]  # the driver rank's
+        if not self._in_flight:
+            return  # a step scheduled before the trace was opened
+        step = self._in_flight.popleft()
+        worker = getattr(self.model_executor, "driver_worker", None)
+        # One worker in this process: read its record directly, so the trace does not wait for the step in flight
+        # (a collective_rpc would: calls reach the worker in order). Ranks in other processes are asked, which
+        # under async scheduling waits for it: their timings are then left out.
+        records = [take_step(worker)] if worker is not None else self.model_executor.collective_rpc(take_step)
+        executed = records[0] and records[0]["execute"]  # the driver rank's
         if executed is not None and self.tensor_parallel:  # what every rank held and exchanged, from each
-            executed["ranks"] = self.model_executor.collective_rpc(describe_rank)
+            executed["ranks"] = [r["rank"] for r in records]
         if executed is not None:
             sampled = {r: t[0] for r, t in zip(model_output.req_ids, model_output.sampled_token_ids) if t}
-            self._emit("execute", step=self.step, **executed, sampled=sampled)
+            timing = {"began": records[0]["began"], "ended": records[0]["ended"]} if self.timed else {}
+            self._emit("execute", step=step, **executed, sampled=sampled, **timing)
         freed = {o.request_id: self._blocks.get(o.request_id, []) for o in outputs.outputs if o.finished}
         index = model_output.req_id_to_index
         verified = {r: model_output.sampled_token_ids[index[r]] for r in so.scheduled_spec_decode_tokens}
@@ -127,7 +183,10 @@ class EngineTracer:
         spec_decode = {r: {"draft_token_ids": list(d), "sampled_token_ids": list(verified[r]),
                            "num_accepted": len(verified[r]) - 1, "num_rejected": len(d) + 1 - len(verified[r])}
                        for r, d in so.scheduled_spec_decode_tokens.items()}
-        self._emit("update", step=self.step, spec_decode=spec_decode,
+        answered = {o.request_id for o in outputs.outputs}  # async: a finished request's later token is dropped
+        dropped = {r: t for r, t in zip(model_output.req_ids, model_output.sampled_token_ids)
+                   if t and r not in answered} if self.timed else {}
+        self._emit("update", step=step, spec_decode=spec_decode, **({"dropped": dropped} if dropped else {}),
                    outputs=[{"request_id": o.request_id, "new_token_ids": o.new_token_ids,
                              "finish_reason": o.finish_reason, "stop_reason": o.stop_reason} for o in outputs.outputs],
                    freed=freed, num_free_blocks=scheduler.kv_cache_manager.block_pool.get_num_free_blocks(),
