@@ -58,7 +58,7 @@ def test_tensor_parallel_benchmark_runs_both_sizes(tiny_llama_folder, capsys, mo
         assert text in out
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)  # bounds a hang; on a busy machine each round also waits out wait_until_idle
 def test_serving_benchmark_runs_against_a_real_server(tiny_llama_folder, capsys, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["serve_vs_vllm.py", "--systems", "minivllm", "--model", str(tiny_llama_folder),
                                       "--num-prompts", "4", "--concurrency", "2", "--rounds", "1", "--min-input", "4",
@@ -71,7 +71,7 @@ def test_serving_benchmark_runs_against_a_real_server(tiny_llama_folder, capsys,
         assert text in out
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)  # as above
 def test_sweep_benchmark_prints_the_table_and_draws_the_figure(tiny_llama_folder, capsys, monkeypatch, tmp_path):
     figure = tmp_path / "sweep.png"
     monkeypatch.setattr(sys, "argv", ["sweep.py", "--systems", "minivllm", "--model", str(tiny_llama_folder), "--quick",
