@@ -58,7 +58,7 @@ def test_tensor_parallel_benchmark_runs_both_sizes(tiny_llama_folder, capsys, mo
         assert text in out
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)  # bounds a hang; on a busy machine each round also waits out wait_until_idle
 def test_serving_benchmark_runs_against_a_real_server(tiny_llama_folder, capsys, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["serve_vs_vllm.py", "--systems", "minivllm", "--model", str(tiny_llama_folder),
                                       "--num-prompts", "4", "--concurrency", "2", "--rounds", "1", "--min-input", "4",
@@ -71,7 +71,7 @@ def test_serving_benchmark_runs_against_a_real_server(tiny_llama_folder, capsys,
         assert text in out
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)  # as above
 def test_sweep_benchmark_prints_the_table_and_draws_the_figure(tiny_llama_folder, capsys, monkeypatch, tmp_path):
     figure = tmp_path / "sweep.png"
     monkeypatch.setattr(sys, "argv", ["sweep.py", "--systems", "minivllm", "--model", str(tiny_llama_folder), "--quick",
@@ -130,14 +130,40 @@ def test_the_offline_comparison_floor_is_the_sum_of_its_steps(monkeypatch):
 def test_the_alternating_benchmarks_wait_for_an_idle_machine_and_give_up_in_time(monkeypatch):
     """idle.wait_until_idle (vs_vllm, serve_vs_vllm, sweep) reads /proc/stat's busy ticks: a bar every window
     clears returns after one window; a bar none can clear (busy below a negative share) waits out the timeout
-    and no longer."""
+    and no longer. On a fake clock and a fake /proc/stat, so a busy machine running the test changes nothing:
+    the windows slept are counted, not timed."""
     monkeypatch.syspath_prepend("benchmarks")
     import idle
-    busy, total = idle.cpu_busy_ticks()
+    busy, total = idle.cpu_busy_ticks()  # the real /proc/stat
     assert 0 <= busy <= total
-    assert idle.wait_until_idle(window=0.05, busy_below=2.0, timeout=5.0) < 1.0
-    waited = idle.wait_until_idle(window=0.05, busy_below=-1.0, timeout=0.3)
-    assert 0.3 <= waited < 1.0
+
+    class Machine:  # a clock that only sleep() moves; each window, `share` of 100 ticks busy
+        def __init__(self, shares):
+            self.now, self.slept, self.shares, self.busy, self.total = 0.0, [], iter(shares), 0, 0
+
+        def perf_counter(self):
+            return self.now
+
+        def sleep(self, seconds):
+            self.now += seconds
+            self.slept.append(seconds)
+            self.busy += round(100 * next(self.shares))  # a loop that never stops runs out of windows here
+            self.total += 100
+
+        def ticks(self):
+            return self.busy, self.total
+
+    def wait(shares, **kw):
+        machine = Machine(shares)
+        monkeypatch.setattr(idle, "time", machine)
+        monkeypatch.setattr(idle, "cpu_busy_ticks", machine.ticks)
+        return idle.wait_until_idle(**kw), machine.slept
+
+    assert wait([0.0], window=0.05, busy_below=0.05, timeout=5.0) == (0.05, [0.05])  # idle at once: one window
+    waited, slept = wait([1.0, 0.5, 0.2, 0.01], window=0.05, busy_below=0.05, timeout=5.0)
+    assert slept == [0.05] * 4 and waited == sum(slept)  # busy windows are waited out, the first idle one ends it
+    waited, slept = wait([0.0] * 100, window=0.05, busy_below=-1.0, timeout=0.3)  # no window can clear the bar
+    assert len(slept) == 6 and 0.3 <= waited < 0.35  # waits out the timeout, then gives up: not one window more
 
 
 def test_cpu_graph_benchmark_runs_both_engines(tiny_llama_folder, capsys, monkeypatch):

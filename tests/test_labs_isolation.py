@@ -139,7 +139,7 @@ def test_calling_the_engines_function_grabbed_at_import_is_refused(tmp_path):
     assert passed == 0 and "refused: your code called the engine's own hash_block_tokens" in lines, lines
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(600)  # bounds a hang: the grader's zygote builds an engine first, slow on a busy machine
 def test_an_endless_loop_in_the_function_fails_each_check_in_time(tmp_path):
     source = HONEST.replace("    parent = NONE_HASH", "    while True:\n        pass\n    parent = NONE_HASH")
     passed, total, lines = _grade(source, tmp_path, timeout=3)

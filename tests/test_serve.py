@@ -162,7 +162,7 @@ def test_metrics_use_vllm_names(server, client):
         _metric(before, "vllm:time_to_first_token_seconds_count")
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(600)  # bounds a hang; run alone, the module's server starts inside it
 def test_a_client_that_disconnects_mid_stream_aborts_its_request(server, client):
     stats = server.run_coroutine(server.engine.get_stats_async())
     assert stats["num_unfinished"] == 0
@@ -183,7 +183,7 @@ def test_a_client_that_disconnects_mid_stream_aborts_its_request(server, client)
     assert _metric(text, "vllm:generation_tokens_total") - generated < 200 - 3  # aborted before max_tokens
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(600)  # as above
 def test_a_client_that_gives_up_on_a_whole_response_aborts_its_request(server):
     metrics = server.url.removesuffix("/v1") + "/metrics"
     generated = _metric(_get(metrics)[1].decode(), "vllm:generation_tokens_total")
@@ -251,7 +251,7 @@ def _engine_core_pid(proc) -> int:
     return pids[0]
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(600)  # bounds a hang; the server's start (a process importing torch) is inside it
 def test_killed_engine_core_turns_health_503_and_requests_500_then_sigterm_exits(serve_process):
     proc, base = serve_process
     client = openai.OpenAI(base_url=base + "/v1", api_key="EMPTY", max_retries=0, timeout=60)
@@ -274,13 +274,13 @@ def test_killed_engine_core_turns_health_503_and_requests_500_then_sigterm_exits
     assert proc.wait(timeout=30) == 0
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(600)  # as above
 def test_sigterm_stops_the_server_and_its_engine_core(serve_process):
     proc, base = serve_process
     core = _engine_core_pid(proc)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == 0
-    deadline = time.monotonic() + 10  # a bound on waiting, not an assertion on time
+    deadline = time.monotonic() + 60  # a bound on a hang, not an assertion on time (normally under 2 s)
     while os.path.exists(f"/proc/{core}") and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not os.path.exists(f"/proc/{core}") or "zombie" in open(f"/proc/{core}/status").read().lower()

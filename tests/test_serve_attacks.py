@@ -4,7 +4,7 @@ One in-process server (uvicorn on a thread, SmolLM2, max_model_len=256) serves m
 template attacks, --dtype auto and SIGTERM run `python -m minivllm serve --dtype auto` as a process
 (SmolLM2 again, so that a 2,000-token stream is still running seconds later), started with
 --trust-request-chat-template.
-Every test is bounded in time; a liveness bound (/health answers while X is in flight) has a wide margin.
+Every test is bounded in time; liveness (/health answers while X is in flight) is an order of events, never a time.
 """
 from __future__ import annotations
 
@@ -65,25 +65,25 @@ def _assert_error(status: int, body, code: int, *words: str) -> str:
     return message
 
 
-def _health_latency(base: str) -> float:
-    start = time.monotonic()
-    status, _ = _request(base + "/health", timeout=30)
+def _health(base: str) -> None:
+    status, _ = _request(base + "/health", timeout=30)  # the timeout only bounds a hang
     assert status == 200
-    return time.monotonic() - start
 
 
-def _while_in_flight(send, base: str, polls: int = 5) -> tuple[list[float], object]:
-    """Run send() on a thread; poll /health meanwhile; return the latencies and send()'s result."""
+def _while_in_flight(send, base: str, polls: int = 5) -> tuple[list[bool], object]:
+    """Run send() on a thread; poll /health meanwhile; return, per poll, whether send() was still waiting when
+    /health answered (an order of events, not a time), and send()'s result."""
     result = {}
     worker = threading.Thread(target=lambda: result.setdefault("value", send()), daemon=True)
     worker.start()
-    latencies = []
+    in_flight = []
     for _ in range(polls):
-        latencies.append(_health_latency(base))
+        _health(base)
+        in_flight.append(worker.is_alive())
         time.sleep(0.2)
     worker.join(timeout=120)
     assert not worker.is_alive()
-    return latencies, result["value"]
+    return in_flight, result["value"]
 
 
 # --- 1. chat templates ---------------------------------------------------------------------------------------
@@ -106,14 +106,17 @@ def test_a_body_over_the_limit_is_a_413_error_object(server):
     _assert_error(status, answer, 413, "--max-request-body-bytes")
 
 
-@pytest.mark.timeout(180)
-def test_a_multi_megabyte_prompt_is_refused_and_health_stays_responsive(server):
+@pytest.mark.timeout(600)  # bounds a hang; run alone, the module's server starts inside it
+def test_a_multi_megabyte_prompt_is_refused_and_health_stays_responsive(server, monkeypatch):
     base = server.url.removesuffix("/v1")
     prompt = "hello world, " * 1_000_000  # 13 MB: the old server tokenized it on the event loop
-    latencies, (status, body) = _while_in_flight(
+    tokenizer, seen = server.engine.tokenizer, []
+    encode = tokenizer.encode
+    monkeypatch.setattr(tokenizer, "encode", lambda text, *a, **kw: seen.append(len(text)) or encode(text, *a, **kw))
+    _, (status, body) = _while_in_flight(
         lambda: _post(server, "/completions", {"model": MODEL, "prompt": prompt, "max_tokens": 1}), base)
     _assert_error(status, body, 400, "characters", "max_model_len")
-    assert max(latencies) < 5, latencies  # a liveness bound, not a speed claim
+    assert all(n < len(prompt) for n in seen), seen  # refused before any tokenizer saw it, on any thread
 
 
 @pytest.mark.parametrize("n", [257, 1_000_000])
@@ -154,7 +157,7 @@ def test_values_float32_cannot_hold_are_refused(server, field, value):
     _assert_error(status, body, 400, field)
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(600)  # as above
 def test_max_tokens_as_vllms_server_400_past_max_model_len_and_null_up_to_it(server):
     for max_tokens in (10**12, 2**64, 253):  # the prompt has 4 tokens: 4 + 253 > 256
         status, body = _post(server, "/completions", {"model": MODEL, "prompt": "Once upon a time",
@@ -282,7 +285,7 @@ def served():
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 150
+        deadline = time.monotonic() + 400  # bounds a hang: a process importing torch and loading SmolLM2
         while True:
             assert proc.poll() is None, proc.stdout.read()
             assert time.monotonic() < deadline
@@ -298,7 +301,7 @@ def served():
         proc.wait(timeout=30)
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)  # bounds a hang; the `served` process starts inside it
 def test_dtype_auto_serves_and_templates_are_bounded_and_sigterm_still_stops_it(served):
     proc, base = served
     model = _request(base + "/v1/models")[1]["data"][0]["id"]
@@ -309,24 +312,24 @@ def test_dtype_auto_serves_and_templates_are_bounded_and_sigterm_still_stops_it(
     def chat(template: str):
         return _request(base + "/v1/chat/completions", json.dumps(
             {"model": model, "max_tokens": 2, "chat_template": template,
-             "messages": [{"role": "user", "content": "Hi"}]}).encode(), timeout=120)
+             "messages": [{"role": "user", "content": "Hi"}]}).encode(), timeout=300)  # past READY_TIMEOUT_S
 
     _assert_error(*chat("{% for x in %}"), 400, "chat template")  # a syntax error is the client's
     _assert_error(*chat("{{ raise_exception('no system role') }}"), 400, "no system role")
     _assert_error(*chat("{{ 'x' * 10**10 }}"), 400, "chat template")  # 10 GB asked: the memory bound
-    latencies, answer = _while_in_flight(lambda: chat(RUNAWAY), base)
+    in_flight, answer = _while_in_flight(lambda: chat(RUNAWAY), base)
     _assert_error(*answer, 400, "did not finish rendering")
-    assert max(latencies) < 5, latencies
+    assert all(in_flight), in_flight  # /health answered while the template rendered (held up to its time bound)
     assert chat("{{ messages[0]['content'] }}")[0] == 200  # a fresh renderer serves the next request
 
     worker = threading.Thread(target=lambda: chat(RUNAWAY), daemon=True)
     worker.start()
-    _health_latency(base)
+    _health(base)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 0
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)  # as above
 def test_sigterm_ends_a_running_stream_with_an_error_event_and_done(served):
     proc, base = served
     model = _request(base + "/v1/models")[1]["data"][0]["id"]

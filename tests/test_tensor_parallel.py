@@ -111,14 +111,15 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _wait_gone(pids: list[int], seconds: float = 10) -> list[int]:
+def _wait_gone(pids: list[int], seconds: float = 60) -> list[int]:
+    """The pids still alive after waiting for them to go; `seconds` bounds a hang (normally they go at once)."""
     deadline = time.monotonic() + seconds
     while (left := [p for p in pids if _alive(p)]) and time.monotonic() < deadline:
         time.sleep(0.05)
     return left
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(600)  # bounds a hang: starting 2-3 processes that import torch is slow on a busy machine
 @pytest.mark.parametrize("multiprocess", [False, True], ids=["inproc", "mp"])
 def test_killing_a_worker_mid_generation_is_engine_dead_error_and_leaves_no_process(tiny_llama_folder, multiprocess):
     llm = LLM(str(tiny_llama_folder), tensor_parallel_size=2, multiprocess=multiprocess, max_model_len=256)
@@ -144,7 +145,7 @@ def test_killing_a_worker_mid_generation_is_engine_dead_error_and_leaves_no_proc
     assert _wait_gone(workers + ([engine_core_pid] if engine_core_pid else [])) == []
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(600)  # bounds a hang (as above)
 def test_a_worker_that_dies_while_the_engine_is_idle_ends_the_engine(tiny_llama_folder):
     """EngineCore checks its workers every idle second: the engine ends at once (a server's /health turns 503),
     not at the next request."""
@@ -152,7 +153,7 @@ def test_a_worker_that_dies_while_the_engine_is_idle_ends_the_engine(tiny_llama_
     core = llm.llm_engine.engine_core.process
     workers = _children(core.pid)
     os.kill(workers[0], signal.SIGKILL)
-    core.join(timeout=30)
+    core.join(timeout=60)  # bounds a hang: EngineCore checks its workers every idle second
     assert not core.is_alive(), "EngineCore kept running without its rank 0"
     with pytest.raises(EngineDeadError, match="died|failed"):
         llm.generate(["hi"], SamplingParams(max_tokens=2), use_tqdm=False)
@@ -181,7 +182,7 @@ if __name__ == "__main__":
 """
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(900)  # bounds a hang: six processes import torch, slow on a busy machine
 def test_two_nodes_on_one_machine_give_the_same_tokens(tiny_llama_folder, tmp_path):
     """Ranks 0-1 in one launch (node 0: EngineCore and the driver), ranks 2-3 in a `--headless` launch
     (node 1: workers only), meeting at node 0's TCP store on 127.0.0.1."""
@@ -195,9 +196,9 @@ def test_two_nodes_on_one_machine_give_the_same_tokens(tiny_llama_folder, tmp_pa
     try:
         (tmp_path / "node0.py").write_text(TWO_NODES)
         node0 = subprocess.run([sys.executable, str(tmp_path / "node0.py"), str(tiny_llama_folder), str(port),
-                                *prompts], env=env, capture_output=True, text=True, timeout=180)
+                                *prompts], env=env, capture_output=True, text=True, timeout=600)
         assert node0.returncode == 0, node0.stdout + node0.stderr
-        headless_out, _ = headless.communicate(timeout=60)  # node 1 ends when node 0's driver shuts down
+        headless_out, _ = headless.communicate(timeout=120)  # node 1 ends when node 0's driver shuts down
         assert headless.returncode == 0, headless_out
     finally:
         headless.kill()
@@ -220,7 +221,7 @@ def _worker_pids(pid: int) -> list[int]:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)  # bounds a hang: a server, EngineCore and 3 workers start inside it
 def test_serve_with_tensor_parallel_size_3_answers_the_openai_client(smollm_folder):
     import openai
     from minivllm.executor.multiproc_executor import get_open_port

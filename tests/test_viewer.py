@@ -92,7 +92,7 @@ def browser():
         options.add_argument(arg)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(options=options, service=Service(executable_path=str(CHROMEDRIVER)))
-    driver.set_page_load_timeout(60)
+    driver.set_page_load_timeout(120)  # bounds a hang only: a busy machine loads a page slowly
     try:
         yield driver
     finally:
@@ -157,7 +157,7 @@ def open_viewer(browser, html: Path, step: int | None = None) -> None:
 
     browser.get("about:blank")  # a fresh load: the same file with another hash would only fire hashchange
     browser.get(html.as_uri() + ("" if step is None else f"#step={step}"))
-    WebDriverWait(browser, 20).until(lambda d: d.execute_script("return document.body.dataset.ready") == "1")
+    WebDriverWait(browser, 120).until(lambda d: d.execute_script("return document.body.dataset.ready") == "1")  # a hang
 
 
 def assert_no_console_error(browser) -> None:

@@ -125,13 +125,13 @@ def test_live_page_follows_three_streaming_clients(serve_process, browser, tmp_p
     reader.wait_for(lambda r: r.messages >= 1)  # connected: tracing is on in EngineCore
     browser.get(base + "/trace")
     live_seq = lambda d: int(d.execute_script("return document.body.dataset.liveSeq ?? '-2'"))  # noqa: E731
-    WebDriverWait(browser, 30).until(lambda d: live_seq(d) >= -1)  # the page has its first message
+    WebDriverWait(browser, 120).until(lambda d: live_seq(d) >= -1)  # the page has its first message (bounds a hang)
     texts = run_clients(base + "/v1", "SmolLM2-135M-Instruct")
     assert sorted(texts) == ["A", "B", "C"] and all(texts.values())
     reader.wait_for(lambda r: {"cmpl-A-0", "cmpl-B-0", "cmpl-C-0"} <= r.finished())
     with reader.cond:
         events, last_seq = list(reader.events), reader.events[-1]["seq"]
-    WebDriverWait(browser, 60).until(lambda d: live_seq(d) >= last_seq)
+    WebDriverWait(browser, 120).until(lambda d: live_seq(d) >= last_seq)
 
     html = urllib.request.urlopen(base + "/trace", timeout=30).read().decode()
     data = json.loads(html.split('<script id="trace-data" type="application/json">')[1].split("</script>")[0])
@@ -164,7 +164,7 @@ def test_live_page_follows_three_streaming_clients(serve_process, browser, tmp_p
     reader.wait_for(lambda r: "cmpl-D-0" in r.finished())
     with reader.cond:
         last_seq = reader.events[-1]["seq"]
-    WebDriverWait(browser, 60).until(lambda d: live_seq(d) >= last_seq)
+    WebDriverWait(browser, 120).until(lambda d: live_seq(d) >= last_seq)
     assert browser.execute_script("return document.body.dataset.step") == held
     browser.find_element("tag name", "body").send_keys(Keys.END)  # back on the newest step: follow again
     assert browser.execute_script("return document.body.dataset.step") == str(max(steps_of({"events": reader.events})))

@@ -207,7 +207,7 @@ def test_del_then_cleanup_frees_the_engine(tiny_llama_folder, multiprocess):
     del llm, client
     cleanup_dist_env_and_memory()
     if multiprocess:
-        process.join(timeout=10)
+        process.join(timeout=60)  # bounds a hang: a busy machine takes seconds to end a process
         assert not process.is_alive()
     else:
         assert core() is None
