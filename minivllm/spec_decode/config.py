@@ -4,7 +4,9 @@
 "prompt_lookup_min": 2})`, `--speculative-config '{...}'` on the command line. Only the n-gram method (prompt
 lookup: drafts copied from the request's own tokens, no draft model) is built; vLLM's draft-model, EAGLE, Medusa
 and MTP methods are not. As vLLM: prompt_lookup_min defaults to prompt_lookup_max and the other way round,
-5 when neither is given (vLLM's default max).
+5 when neither is given (vLLM's default max); both are ints >= 1, min <= max, and prompt_lookup_max has no upper
+bound (vLLM sets none): a value past the context only means no n-gram is too long to look up, and the proposer's
+cost stays linear in the context whatever it is (ngram_proposer.py).
 """
 from __future__ import annotations
 
