@@ -46,9 +46,11 @@ function startViewer() {
       row.append(track);
       marks.append(row);
     }
+    stackMarks();
   }
 
-  // Draw the step at slider position i: the header's event list, then the seven panels (eight with drafts).
+  // Draw the step at slider position i: the header's event list, then the eight panels (nine with drafts,
+  // one more under tensor parallelism).
   function show(i) {
     if (!last) {
       label.textContent = "waiting for the first step: send a request to the server";
@@ -62,9 +64,14 @@ function startViewer() {
     evs.replaceChildren(...(s.events.length ? s.events.map((e) => el("li", {"data-kind": e.kind},
                                                                         el("b", {}, e.kind), " ", chip(model, e.req), " ", e.text))
                                            : [el("li", {}, "a plain step: every scheduled request advances")]));
+    const brief = document.getElementById("brief");  // the collapsed header's one line of events
+    brief.textContent = s.events.length ? s.events.map((e) => `${e.kind} ${model.alias(e.req)}`).join(" · ")
+                                        : "a plain step";
+    brief.title = s.events.map((e) => e.text).join("\n") || "a plain step: every scheduled request advances";
     main.replaceChildren(stagesPanel(model, s), queuesPanel(model, s), budgetPanel(model, s),
-                         schedulerOutputPanel(model, s), batchPanel(model, s), poolPanel(model, s),
-                         samplingPanel(model, s), ...[specPanel(model, s)].filter(Boolean));
+                         schedulerOutputPanel(model, s), batchPanel(model, s), forwardContextPanel(model, s),
+                         poolPanel(model, s), samplingPanel(model, s),
+                         ...[specPanel(model, s), ranksPanel(model, s)].filter(Boolean));
     document.querySelectorAll(".mark.current").forEach((m) => m.classList.remove("current"));
     document.querySelectorAll(`.mark[data-step="${s.n}"]`).forEach((m) => m.classList.add("current"));
   }
@@ -99,6 +106,7 @@ function startViewer() {
     if (ev.key === "Home") go(1);
     if (ev.key === "End") go(last);
   });
+  setupHeader();
   load(data);
   follow = !/^#step=\d+$/.test(location.hash);
   show(fromHash());
