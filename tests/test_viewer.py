@@ -472,7 +472,7 @@ def assert_forward_context_matches_trace(browser, ev: dict) -> None:
         assert text.startswith(f"block_table[{r}]row {r}: ")
     row_of = [r for r in range(len(batch["req_ids"]))
               for _ in range(batch["query_start_loc"][r], batch["query_start_loc"][r + 1])]
-    assert sorted(page["written"]) == sorted((slot, i, batch["req_ids"][row_of[i]])
+    assert sorted(map(tuple, page["written"])) == sorted((slot, i, batch["req_ids"][row_of[i]])
                                              for i, slot in enumerate(a["slot_mapping"]))
     assert page["shape"] == a["kv_cache_shape"] and a["kv_cache_shape"][1] == ev["num_gpu_blocks"]
     assert a["layer_name"] in page["text"] and "get_attention_context" in page["text"]

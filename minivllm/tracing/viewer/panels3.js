@@ -17,11 +17,12 @@ function forwardContextPanel(model, s) {
   const b = s.execute.batch, bs = model.bs;
   const list = (v) => v === undefined ? "not recorded (an older trace)" : `[${v.join(", ")}]`;
   const field = (name, value, note) => el("tr", {"data-field": name, "data-value": JSON.stringify(value ?? null)},
-    el("th", {}, name), el("td", {class: "text"}, Array.isArray(value) ? list(value) : value ?? list(undefined)),
-    el("td", {class: "note"}, note || ""));
+    el("th", {}, name), el("td", {class: "text"}, Array.isArray(value) ? list(value) : value ?? list(undefined),
+                           el("div", {class: "note"}, note)));
   const rows = (a.block_table || []).map((row, r) => el("tr", {class: "fwd-bt", "data-row": r, "data-req": b.req_ids[r]},
-    el("th", {}, `block_table[${r}]`), el("td", {}, "row ", r, ": ", chip(model, b.req_ids[r]), " ", list(row)),
-    el("td", {class: "note"}, r ? "" : "indexed by batch row; entries are physical block ids, by logical block")));
+    el("th", {}, `block_table[${r}]`), el("td", {class: "text"}, "row ", r, ": ", chip(model, b.req_ids[r]), " ", list(row),
+      r ? null : el("div", {class: "note"}, "indexed by batch row; entry k: the physical block of logical block k " +
+                                            "(padded past the row's blocks)"))));
   const md = el("table", {class: "fwd"},
     field("num_actual_tokens", a.num_actual_tokens, "tokens in this forward"),
     field("max_query_len", a.max_query_len, "the longest request's new tokens"),

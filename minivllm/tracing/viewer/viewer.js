@@ -30,9 +30,15 @@ function startViewer() {
       (d.live ? ` (live: the last ${last} steps of the running server)` : "");
     const marks = document.getElementById("marks");
     marks.replaceChildren();
-    // One row per kind, each mark a button that jumps to its step; a run without drafts has no rejection row.
+    // One row per kind that happened, each mark a button that jumps to its step; the kinds that did not happen
+    // share one line (a run without drafts leaves rejection out: it cannot happen there).
+    const none = [];
     for (const kind of EVENT_KINDS.filter((k) => model.speculative || !SPEC_KINDS.includes(k))) {
       const at = model.steps.map((s, i) => [s, i + 1]).filter(([s]) => s.events.some((e) => e.kind === kind));
+      if (!at.length) {
+        none.push(kind);
+        continue;
+      }
       const row = el("div", {class: "markrow", "data-kind": kind}, el("span", {class: "kind"}, `${kind} (${at.length})`));
       const track = el("div", {class: "track"});
       for (const [s, i] of at) {
@@ -46,6 +52,8 @@ function startViewer() {
       row.append(track);
       marks.append(row);
     }
+    if (none.length && last) marks.append(el("div", {class: "marknone", "data-kinds": none.join(",")},
+                                             `none in these steps: ${none.join(", ")}`));
     stackMarks();
   }
 
