@@ -142,6 +142,28 @@ def test_small_pool_prints_preemption_and_resume_steps_in_full(small_pool_run):
     assert trace.summary()["preemptions"] >= 1
 
 
+def test_a_resume_says_its_num_computed_tokens_is_a_prefix_cache_hit(small_pool_run):
+    """Preemption sets num_computed_tokens to 0; the resume that follows (prefix caching on, vLLM's default)
+    finds the request's own full blocks still cached and starts past them: the printout says so."""
+    text, trace = small_pool_run
+    block_size = trace.info["block_size"]
+    resumes = [(e, r, computed) for e in trace.of_kind("schedule") for r, resumed, computed in
+               zip(*(e["scheduled_cached_reqs"][k] for k in ("req_ids", "resumed_from_preemption",
+                                                             "num_computed_tokens"))) if resumed]
+    hits = [(e, r, computed) for e, r, computed in resumes if computed >= block_size]
+    assert hits, "the 6-block pool's resume found nothing cached: this test needs a prefix-cache hit on resume"
+    flat = " ".join(text.split())  # wrapped lines joined back
+    for e, r, computed in hits:
+        n = e["num_scheduled_tokens"][r]
+        assert (f"{r} resumed from WAITING: its first {computed} tokens are a prefix-cache hit, so it recomputes "
+                f"{n} tokens from num_computed_tokens={computed}") in flat
+        blocks = e["block_tables"][r][:computed // block_size]
+        assert f"{r} prefix-cache hit on resume: blocks [{', '.join(map(str, blocks))}]" in flat
+    for e, r, computed in resumes:
+        if computed == 0:
+            assert f"{r} resumed from WAITING: nothing cached: it recomputes" in flat
+
+
 def test_width_flag_keeps_every_line_within_80_columns(capsys):
     assert main(["trace", "--in-process", "--width", "80", "--max-tokens", "4", "--neighbours", "2",
                  "--max-num-batched-tokens", "8"]) == 0

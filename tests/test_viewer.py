@@ -346,3 +346,284 @@ def test_a_prompt_cannot_end_the_embedded_trace():
     assert page.count("</script>") == 2
     start = page.index('type="application/json">') + len('type="application/json">')
     assert json.loads(page[start:page.index("</script>", start)])["trace"]["events"][0]["prompt"] == prompt
+
+
+# ---- The viewer in a lecture hall: a projector's screen, a lecturer scrolling, a server's long request ids.
+
+SCREENS = [(1280, 720), (1024, 768)]  # window sizes, as a laptop on a projector gives them
+
+
+def resize(browser, width: int, height: int) -> None:
+    browser.set_window_size(width, height)
+    assert browser.execute_script("return innerWidth") <= width
+
+
+def scroll_to(browser, y: int) -> None:
+    """Scroll, then wait until the page's scroll handler ran (a frame later)."""
+    from selenium.webdriver.support.ui import WebDriverWait
+    browser.execute_script(f"window.scrollTo(0, {y}); requestAnimationFrame(() => requestAnimationFrame(() => "
+                           "document.body.dataset.scrolled = String(scrollY)));")
+    WebDriverWait(browser, 10).until(lambda d: d.execute_script("return document.body.dataset.scrolled")
+                                     == str(d.execute_script("return scrollY")))
+
+
+READ_HEADER = """
+const header = document.querySelector("header").getBoundingClientRect();
+const nav = [...document.querySelectorAll("nav > *")].filter((n) => n.getClientRects().length)
+  .map((n) => { const r = n.getBoundingClientRect(); return {id: n.id, top: r.top, bottom: r.bottom, left: r.left,
+                                                              right: r.right}; });
+return {height: header.height, bottom: header.bottom, viewport: innerHeight, nav,
+        panels_top: document.getElementById("panels").getBoundingClientRect().top + scrollY,
+        brief: document.getElementById("brief").textContent};
+"""
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("screen", SCREENS, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_header_collapses_to_one_line_while_scrolling(run, browser, screen):
+    """Scrolled, the header is one line (prev, slider, next, the step, its events in brief) and takes under a
+    seventh of the screen; it stays usable (next moves the step); at the top it is whole again; nothing under
+    it moves when it collapses."""
+    name, trace, html = run
+    resize(browser, *screen)
+    step = min(set().union(*event_steps(trace).values()) - {1}, default=2)
+    open_viewer(browser, html, step=step)
+    top = browser.execute_script(READ_HEADER)
+    scroll_to(browser, 400)
+    page = browser.execute_script(READ_HEADER)
+    assert page["height"] / page["viewport"] < 1 / 7, (page["height"], page["viewport"])
+    assert [n["id"] for n in page["nav"]] == ["prev", "slider", "next", "step-label", "brief"]
+    middle = [(n["top"] + n["bottom"]) / 2 for n in page["nav"]]
+    assert max(middle) - min(middle) < 4 and page["nav"][-1]["right"] <= screen[0]  # one line, on screen
+    assert page["panels_top"] == top["panels_top"]  # the panels did not jump when the header collapsed
+    kinds = browser.execute_script("return [...document.querySelectorAll('#events li[data-kind]')]"
+                                   ".map((li) => li.dataset.kind)")
+    assert all(kind in page["brief"] for kind in kinds) and (kinds or page["brief"] == "a plain step")
+    browser.find_element("id", "next").click()
+    assert browser.execute_script("return document.body.dataset.step") == str(step + 1)
+    assert browser.execute_script(READ_HEADER)["height"] == page["height"]
+    browser.find_element("id", "brief").click()  # opens the whole header over the page
+    assert browser.find_element("id", "marks").is_displayed()
+    scroll_to(browser, 0)
+    assert browser.execute_script(READ_HEADER)["height"] > 2 * page["height"]
+    assert browser.find_element("css selector", "h1").is_displayed()
+    assert_no_console_error(browser)
+
+
+READ_BUDGET = """
+return [...document.querySelectorAll("#p-budget .bar")].map((bar) => ({
+    kind: bar.dataset.bar, span: Number(bar.dataset.span), inner: bar.clientWidth,
+    segs: [...bar.querySelectorAll(".seg")].map((s) => ({n: Number(s.dataset.n), req: s.dataset.req || null,
+                                                         width: s.getBoundingClientRect().width}))}));
+"""
+
+
+@pytest.mark.timeout(300)
+def test_budget_bar_is_drawn_to_scale(run, browser):
+    """A segment's width over the bar's is its tokens over max_num_batched_tokens (a decode step's 3 of 8192:
+    a sliver, not 80% of the bar); a step spending under a tenth of the budget is drawn again magnified,
+    against the first `span` tokens, and the page says by how much."""
+    name, trace, html = run
+    limit = int(dict(zip(RUNS[name], RUNS[name][1:])).get("--max-num-batched-tokens", 8192))
+    resize(browser, *SCREENS[0])
+    by_step = steps_of(trace)
+    for n in sorted({1, 2, max(by_step)}):
+        open_viewer(browser, html, step=n)
+        total = by_step[n]["schedule"]["total_num_scheduled_tokens"]
+        bars = browser.execute_script(READ_BUDGET)
+        budget = bars[0]
+        assert budget["kind"] == "budget" and budget["span"] == limit
+        assert sum(s["n"] for s in budget["segs"] if s["req"]) == total
+        for bar in bars:
+            for seg in bar["segs"]:  # to within a pixel of its share
+                assert abs(seg["width"] - bar["inner"] * seg["n"] / bar["span"]) < 1, (n, bar["kind"], seg)
+        magnified = [b for b in bars if b["kind"] == "magnified"]
+        if total / limit < 0.1:
+            assert len(magnified) == 1 and total <= magnified[0]["span"] < limit
+            label = browser.find_element("css selector", "#p-budget .barlabel.magnified").text
+            factor = limit / magnified[0]["span"]
+            assert f"magnified ×{factor:g}" in label and f"first {magnified[0]['span']} of the {limit} tokens" in label
+        else:
+            assert magnified == []
+    assert_no_console_error(browser)
+
+
+def assert_forward_context_matches_trace(browser, ev: dict) -> None:
+    """Part 4's panel at this step: attn_metadata's fields, block_table by batch row and request, and the
+    layer's kv_cache written exactly at slot_mapping's slots, each by its request."""
+    a, batch = ev["execute"]["attention"], ev["execute"]["batch"]
+    # what the layer pulled is what the runner packed
+    assert a["slot_mapping"] == batch["slot_mapping"] and a["block_table"] == batch["block_table"]
+    assert a["query_start_loc"] == batch["query_start_loc"] and a["seq_lens"] == batch["seq_lens"]
+    page = browser.execute_script("""
+        const p = document.getElementById("p-fwd"), out = {fields: {}};
+        p.querySelectorAll("tr[data-field]").forEach((r) => out.fields[r.dataset.field] = JSON.parse(r.dataset.value));
+        out.rows = [...p.querySelectorAll("tr.fwd-bt")].map((r) => [Number(r.dataset.row), r.dataset.req,
+                                                                     r.textContent]);
+        out.written = [...p.querySelectorAll(".cell.kv.written")].map((c) => [Number(c.dataset.slot),
+                                                                              Number(c.dataset.token), c.dataset.req]);
+        out.shape = JSON.parse(p.querySelector(".kvview").dataset.shape);
+        out.text = p.innerText;
+        return out;""")
+    for name in ("num_actual_tokens", "max_query_len", "max_seq_len", "query_start_loc", "seq_lens", "slot_mapping"):
+        assert page["fields"][name] == a[name], name
+    assert [(r, req) for r, req, _ in page["rows"]] == list(enumerate(batch["req_ids"]))
+    for r, req, text in page["rows"]:
+        assert text.startswith(f"block_table[{r}]row {r}: ")
+    row_of = [r for r in range(len(batch["req_ids"]))
+              for _ in range(batch["query_start_loc"][r], batch["query_start_loc"][r + 1])]
+    assert sorted(map(tuple, page["written"])) == sorted((slot, i, batch["req_ids"][row_of[i]])
+                                             for i, slot in enumerate(a["slot_mapping"]))
+    assert page["shape"] == a["kv_cache_shape"] and a["kv_cache_shape"][1] == ev["num_gpu_blocks"]
+    assert a["layer_name"] in page["text"] and "get_attention_context" in page["text"]
+
+
+@pytest.mark.timeout(600)
+def test_forward_context_panel_shows_what_the_layer_pulled(run, browser):
+    name, trace, html = run
+    by_step = steps_of(trace)
+    open_viewer(browser, html)
+    next_button = browser.find_element("id", "next")
+    for n in range(1, max(by_step) + 1):
+        if "execute" in by_step[n]:
+            assert_forward_context_matches_trace(browser, {**by_step[n], "num_gpu_blocks":
+                                                           trace["info"]["num_gpu_blocks"]})
+        assert browser.find_elements("id", "p-ranks") == []  # drawn only under tensor parallelism
+        next_button.click()
+    assert_no_console_error(browser)
+
+
+@pytest.mark.timeout(300)
+def test_marks_labels_and_block_tables_read_at_1024(run, browser):
+    """At 1024x768: no two step marks overlap and none is dropped; no array name is cut off or runs into its
+    cells; block_table is drawn row by row, each row named by its batch row and its request; the slot formula
+    names each kind of index it uses."""
+    name, trace, html = run
+    resize(browser, 1024, 768)
+    by_step = steps_of(trace)
+    step = max(n for n, ev in by_step.items() if len(ev["execute"]["batch"]["req_ids"]) == max(
+        len(e["execute"]["batch"]["req_ids"]) for e in by_step.values() if "execute" in e))
+    open_viewer(browser, html, step=step)
+    marks = browser.execute_script("""
+        return [...document.querySelectorAll(".markrow")].map((row) => [row.dataset.kind,
+            [...row.querySelectorAll(".mark")].map((m) => { const r = m.getBoundingClientRect();
+                return {step: Number(m.dataset.step), shown: !m.hidden && r.width > 0,
+                        box: [r.left, r.top, r.right, r.bottom]}; })]);""")
+    expected = event_steps(trace)
+    for kind, row in marks:
+        if kind != "lazy eviction":
+            assert {m["step"] for m in row} == expected[kind]
+        assert all(m["shown"] for m in row), kind
+        for i, m in enumerate(row):
+            for other in row[i + 1:]:
+                (l1, t1, r1, b1), (l2, t2, r2, b2) = m["box"], other["box"]
+                assert r1 <= l2 or r2 <= l1 or b1 <= t2 or b2 <= t1, (kind, m["step"], other["step"])
+    cut = browser.execute_script("""
+        return [...document.querySelectorAll(".aname")].filter((a) => {
+            const next = a.nextElementSibling, r = a.getBoundingClientRect();
+            return a.scrollWidth > a.clientWidth || (next && next.getBoundingClientRect().left < r.right - 0.5 &&
+                                                     next.getBoundingClientRect().top < r.bottom);
+        }).map((a) => a.textContent);""")
+    assert cut == []
+    batch = by_step[step]["execute"]["batch"]
+    rows = browser.execute_script("""
+        return [...document.querySelectorAll("#p-batch .btrow")].map((r) => [Number(r.dataset.row), r.dataset.req,
+            JSON.parse(r.dataset.blocks), r.querySelector(".aname").textContent, r.querySelector(".rowof").textContent]);""")
+    assert [(r, req, blocks) for r, req, blocks, _, _ in rows] == [
+        (r, req, blocks) for r, (req, blocks) in enumerate(zip(batch["req_ids"], batch["block_table"]))]
+    for r, req, _, label, rowof in rows:
+        assert label == f"block_table[{r}]" and rowof == f"row {r}: {req}"
+    # the slot formula for the last token: every index named by its kind
+    cells = browser.find_elements("css selector", '.arr[data-name="slot_mapping"] .cell')
+    browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", cells[-1])
+    cells[-1].click()
+    text = " ".join(browser.find_element("id", "slot-formula").text.split())
+    i, r, pos, bs = len(cells) - 1, len(batch["req_ids"]) - 1, batch["positions"][-1], trace["info"]["block_size"]
+    phys = batch["block_table"][r][pos // bs]
+    assert f"batch token {i} (index into the packed batch) · batch row {r} = request {batch['req_ids'][r]} · " \
+           f"position {pos} (index in the request's tokens)" in text
+    assert f"logical block {pos} // {bs} = {pos // bs} · physical block block_table[row {r}][{pos // bs}] = {phys}" in text
+    assert f"= {phys * bs + pos % bs} (slot_mapping[{i}] = {batch['slot_mapping'][-1]})" in text
+    assert_no_console_error(browser)
+
+
+# 40-character ids as `minivllm serve` makes them ("cmpl-" + 32 hex digits); the first two share their first
+# six hex digits, so their aliases must grow past them to stay apart.
+SERVER_IDS = ["cmpl-3f2a9c" + "0" * 26, "cmpl-3f2a9c" + "1" * 26, "chatcmpl-" + "b" * 32, "cmpl-" + "7e" * 16]
+SERVER_PROMPTS = ["The capital of France is", "The capital of Spain is", "Write a haiku about the sea.",
+                  "def fibonacci(n):"]
+
+
+@pytest.fixture(scope="module")
+def server_ids_tp_run(tiny_llama_folder, tmp_path_factory):
+    """A traced run with a server's request ids, cut over 2 tensor-parallel ranks (the tiny Llama: 4 query
+    heads, 2 KV heads): (trace JSON as dict, path of its viewer file)."""
+    from minivllm import LLM, SamplingParams
+    from minivllm.tracing.html import write_html
+
+    llm = LLM(str(tiny_llama_folder), tensor_parallel_size=2, multiprocess=False, block_size=8, max_model_len=256,
+              max_num_seqs=3)
+    try:
+        engine = llm.llm_engine
+        engine.enable_tracing()
+        params = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+        engine.add_processed_requests([engine.process_inputs(i, p, params) for i, p in zip(SERVER_IDS, SERVER_PROMPTS)])
+        while engine.has_unfinished_requests():
+            engine.step()
+        trace = engine.collect_trace()
+        html = tmp_path_factory.mktemp("server-ids-tp") / "trace.html"
+        write_html(trace, html, engine.config)
+        return json.loads(json.dumps({"info": trace.info, "events": trace.events})), html
+    finally:
+        llm.shutdown()
+
+
+@pytest.mark.timeout(300)
+def test_server_request_ids_are_drawn_as_short_aliases(server_ids_tp_run, browser):
+    """Every chip shows a short alias, the same one for a request everywhere and different for any two, the
+    full id on hover; no panel, event or header line spells a 40-character id out."""
+    trace, html = server_ids_tp_run
+    resize(browser, *SCREENS[0])
+    open_viewer(browser, html)
+    aliases: dict[str, str] = {}
+    for n in range(1, max(steps_of(trace)) + 1):
+        page = browser.execute_script("""
+            return {chips: [...document.querySelectorAll(".chip")].map((c) => [c.dataset.req, c.title, c.textContent]),
+                    text: document.querySelector("header").innerText + document.getElementById("panels").innerText};""")
+        for req, title, text in page["chips"]:
+            assert req in SERVER_IDS and title == req and len(text) <= 12, (req, text)
+            assert aliases.setdefault(req, text) == text  # one alias per request, on every step
+        assert not [i for i in SERVER_IDS if i in page["text"]], n
+        browser.find_element("id", "next").click()
+    assert set(aliases) == set(SERVER_IDS) and len(set(aliases.values())) == len(SERVER_IDS)
+    assert aliases[SERVER_IDS[0]] != aliases[SERVER_IDS[1]] and aliases[SERVER_IDS[0]].startswith("3f2a9c")
+    assert_no_console_error(browser)
+
+
+@pytest.mark.timeout(300)
+def test_tensor_parallel_ranks_are_in_the_viewer(server_ids_tp_run, browser):
+    """What the terminal trace prints under tensor parallelism, per step in the viewer: each rank's shard
+    (read off the same recorded answers) and the step's all-reduces and all-gather."""
+    trace, html = server_ids_tp_run
+    by_step = steps_of(trace)
+    n = min(n for n, ev in by_step.items() if "execute" in ev)
+    ranks = by_step[n]["execute"]["ranks"]
+    assert [r["rank"] for r in ranks] == [0, 1]
+    open_viewer(browser, html, step=n)
+    rows = browser.execute_script("return [...document.querySelectorAll('#p-ranks tr[data-rank]')]"
+                                  ".map((r) => [Number(r.dataset.rank), r.innerText])")
+    span = lambda lo_hi: str(lo_hi[0]) if lo_hi[1] - lo_hi[0] == 1 else f"{lo_hi[0]}-{lo_hi[1] - 1}"
+    assert [r for r, _ in rows] == [0, 1]
+    for (r, text), rank in zip(rows, ranks):
+        for piece in (str(rank["pid"]), f"{span(rank['query_heads'])} of {rank['total_num_heads']}",
+                      f"{span(rank['kv_heads'])} of {rank['total_num_kv_heads']}",
+                      f"units {span(rank['mlp']['units'])} of {rank['mlp']['total_units']}",
+                      f"{span(rank['vocab'])} of {rank['vocab_size']}", str(rank["kv_cache_shape"])):
+            assert piece in text, (r, piece, text)
+    ops = browser.execute_script("return [...document.querySelectorAll('#p-ranks li[data-op]')]"
+                                 ".map((li) => [li.dataset.op, li.innerText])")
+    assert [op for op, _ in ops] == ["all_reduce"] * len(ranks[0]["all_reduce"]) + ["all_gather"] * len(
+        ranks[0]["all_gather"])
+    assert all("rank 0 in [" in text and "rank 1 in [" in text for op, text in ops if op == "all_reduce")
+    assert f"{ranks[0]['num_all_reduce']} all-reduces this step" in browser.find_element("id", "p-ranks").text
+    assert_no_console_error(browser)

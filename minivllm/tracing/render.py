@@ -142,9 +142,11 @@ def happenings(sched: dict, update: dict, focus: str, prompt_lens: dict[str, int
     computed = dict(zip(cached["req_ids"], cached["num_computed_tokens"]))
     computed.update({new["req_id"]: new["num_computed_tokens"] for new in sched["scheduled_new_reqs"]})
     for req_id, resumed in zip(cached["req_ids"], cached["resumed_from_preemption"]):
-        if resumed:
-            notes.append(f"{req_id} resumed from WAITING: recomputes {nst[req_id]} tokens from "
-                         f"num_computed_tokens={computed[req_id]}")
+        if resumed:  # preemption reset num_computed_tokens to 0; more than 0 now: a prefix-cache hit on resume
+            hit = computed[req_id]
+            found = f"its first {hit} tokens are a prefix-cache hit, so it " if hit else "nothing cached: it "
+            notes.append(f"{req_id} resumed from WAITING: {found}recomputes {nst[req_id]} tokens from "
+                         f"num_computed_tokens={hit}")
     for req_id in sched["preempted_req_ids"]:
         notes.append(f"{req_id} preempted: blocks freed, num_computed_tokens=0, prepended to WAITING")
     admitted = {n["req_id"] for n in sched["scheduled_new_reqs"]}

@@ -65,18 +65,23 @@ def describe_batch(batch) -> dict[str, Any]:
 
 
 def describe_execute(worker) -> dict[str, Any] | None:
-    """Run in a worker (by collective_rpc) after a step: its runner's last packed batch and the attention
-    metadata every layer pulled that step, as plain data; None when the step ran no tokens."""
+    """Run in a worker (by collective_rpc) after a step: its runner's last packed batch and what an attention
+    layer pulled from forward_context that step (the attn_metadata every layer shares, the first layer's
+    kv_cache view, the slot_mapping), as plain data; None when the step ran no tokens."""
     runner = worker.model_runner
     batch, md = runner.last_batch, runner.last_attn_metadata
     if batch is None:
         return None
     layer_name, layer = next(iter(runner.attn_layers.items()))  # the first layer, as it pulled its context
     return {"batch": describe_batch(batch),
-            "attention": {"layer_name": layer_name, "kv_cache_shape": list(layer.kv_cache.shape),
+            "attention": {"layer_name": layer_name, "num_layers": len(runner.attn_layers),
+                          "kv_cache_shape": list(layer.kv_cache.shape),
+                          "kv_cache_dtype": str(layer.kv_cache.dtype).removeprefix("torch."),
                           "num_actual_tokens": md.num_actual_tokens, "max_query_len": md.max_query_len,
                           "max_seq_len": md.max_seq_len, "block_table_shape": list(md.block_table.shape),
-                          "slot_mapping_len": int(md.slot_mapping.numel())}}
+                          "slot_mapping_len": int(md.slot_mapping.numel()),
+                          "query_start_loc": md.query_start_loc.tolist(), "seq_lens": md.seq_lens.tolist(),
+                          "block_table": md.block_table.tolist(), "slot_mapping": md.slot_mapping.tolist()}}
 
 
 def describe_step(worker) -> dict[str, Any]:

@@ -9,6 +9,28 @@
 const EVENT_KINDS = ["admission", "prefix hit", "preemption", "resume", "lazy eviction", "rejection", "finish"];
 const SPEC_KINDS = ["rejection"];
 
+// A server's request ids are long ("cmpl-" and 32 hex digits): each panel draws a short alias instead, the
+// first characters after the prefix (more where two would clash; an n > 1 child's "i_" kept), the full id
+// on hover. Offline ids ("0", "1", ...) are short and drawn as they are.
+const LONG_ID = 12;
+function shortIds(ids) {
+  const out = Object.fromEntries(ids.map((id) => [id, id]));
+  const parts = ids.filter((id) => id.length > LONG_ID).map((id) => {
+    const m = /^(\d+_)?(?:[A-Za-z]+-)?(.*)$/.exec(id);
+    return [id, m[2], m[1] || ""];
+  });
+  const longest = Math.max(0, ...parts.map(([, core]) => core.length));
+  for (let k = 4; k <= longest; k++) {
+    const names = parts.map(([, core, child]) => child + (k < core.length ? core.slice(0, k) + "…" : core));
+    const taken = new Set(ids.filter((id) => id.length <= LONG_ID));
+    if (new Set(names).size === names.length && names.every((n) => !taken.has(n))) {
+      parts.forEach(([id], i) => { out[id] = names[i]; });
+      break;
+    }
+  }
+  return out;  // no k gave unique names: the full ids
+}
+
 function buildModel(data) {
   const trace = data.trace, info = trace.info, config = data.config || {};
   const bs = info.block_size;
@@ -23,8 +45,16 @@ function buildModel(data) {
   const steps = [];
   let queues = {waiting: [], running: []}; // the last recorded WAITING and RUNNING
   let cur = null;
+  // Every request id in the trace, first seen first, and its alias for the panels (A(id)).
+  const seen = new Set();
+  for (const e of trace.events) {
+    [e.request_id, ...(e.request_ids || []), ...Object.keys(e.num_scheduled_tokens || {})]
+      .forEach((id) => id !== undefined && seen.add(id));
+  }
+  const aliases = shortIds([...seen]);
+  const A = (id) => aliases[id] ?? id;
 
-  const register = (id) => reqs[id] || (reqs[id] = {id, colour: Object.keys(reqs).length});
+  const register = (id) => reqs[id] || (reqs[id] = {id, alias: A(id), colour: Object.keys(reqs).length});
   // With prefix caching on, a full block of a request carries a hash (allocate_slots caches the full blocks
   // of min(num_computed_tokens + num_new_tokens, num_tokens), never fewer than it had); freed, it stays cached
   // until reused. The count is taken at schedule(): drafts raise num_computed_tokens past num_tokens, and the
@@ -64,7 +94,7 @@ function buildModel(data) {
         computed[v.req] = v.to;  // update_from_output rolls num_computed_tokens back over the rejected drafts
         if (v.rejected > 0) {
           cur.events.push({kind: "rejection", req: v.req,
-                           text: `${v.req} verified ${v.drafts.length} draft${v.drafts.length === 1 ? "" : "s"}: ` +
+                           text: `${A(v.req)} verified ${v.drafts.length} draft${v.drafts.length === 1 ? "" : "s"}: ` +
                                  `${v.accepted} accepted, ${v.rejected} rejected; num_computed_tokens ${v.from} -> ` +
                                  `${v.to} (rolled back ${v.rejected})`});
         }
@@ -75,7 +105,7 @@ function buildModel(data) {
           finishedAt[o.request_id] = {step: e.step, reason: o.finish_reason};
           release(o.request_id);
           cur.events.push({kind: "finish", req: o.request_id,
-                           text: `${o.request_id} finished (${o.finish_reason}); blocks [${(e.freed[o.request_id] || []).join(", ")}] returned`});
+                           text: `${A(o.request_id)} finished (${o.finish_reason}); blocks [${(e.freed[o.request_id] || []).join(", ")}] returned`});
         }
       }
       queues = {waiting: e.waiting.slice(), running: e.running.slice()};
@@ -128,28 +158,29 @@ function buildModel(data) {
     for (const id of e.preempted_req_ids) {
       const freed = release(id);
       step.events.push({kind: "preemption", req: id,
-                        text: `${id} preempted: blocks [${freed.join(", ")}] freed, num_computed_tokens=0, prepended to WAITING`});
+                        text: `${A(id)} preempted: blocks [${freed.join(", ")}] freed, num_computed_tokens=0, prepended to WAITING`});
     }
     const hitBlocks = new Set();
     for (const r of e.scheduled_new_reqs) {
       const hits = r.block_ids.slice(0, Math.floor(r.num_computed_tokens / bs));
       hits.forEach((b) => hitBlocks.add(b));
       step.events.push({kind: "admission", req: r.req_id,
-                        text: `${r.req_id} admitted from WAITING: ${nst[r.req_id]} of ${r.num_prompt_tokens} prompt tokens`});
+                        text: `${A(r.req_id)} admitted from WAITING: ${nst[r.req_id]} of ${r.num_prompt_tokens} prompt tokens`});
       if (hits.length) {
         step.events.push({kind: "prefix hit", req: r.req_id,
-                          text: `${r.req_id} prefix-cache hit: ${r.num_computed_tokens} tokens, blocks [${hits.join(", ")}]`});
+                          text: `${A(r.req_id)} prefix-cache hit: ${r.num_computed_tokens} tokens, blocks [${hits.join(", ")}]`});
       }
     }
     cached.req_ids.forEach((id, i) => {
       if (!cached.resumed_from_preemption[i]) return;
       const nc = cached.num_computed_tokens[i], hits = e.block_tables[id].slice(0, Math.floor(nc / bs));
       step.events.push({kind: "resume", req: id,
-                        text: `${id} resumed: recomputes ${nst[id]} tokens from num_computed_tokens=${nc}`});
+                        text: `${A(id)} resumed: ` + (nc ? `its first ${nc} tokens are a prefix-cache hit, so it ` : "") +
+                              `recomputes ${nst[id]} tokens from num_computed_tokens=${nc}`});
       if (hits.length) {  // a resumed request looks up the prefix cache too, and may find its own old blocks
         hits.forEach((b) => hitBlocks.add(b));
         step.events.push({kind: "prefix hit", req: id,
-                          text: `${id} prefix-cache hit on resume: ${nc} tokens, blocks [${hits.join(", ")}]`});
+                          text: `${A(id)} prefix-cache hit on resume: ${nc} tokens, blocks [${hits.join(", ")}]`});
       }
     });
     for (const [id, blocks] of Object.entries(e.block_tables)) {
@@ -157,7 +188,7 @@ function buildModel(data) {
         // A free block that still held a hash, handed to a request that did not hit it: lazily evicted.
         if (freeCached.has(b) && !hitBlocks.has(b) && !(owned.get(id) || []).includes(b)) {
           step.events.push({kind: "lazy eviction", req: id,
-                            text: `block ${b} (cached, from ${freeCached.get(b)}) evicted and reused by ${id}`});
+                            text: `block ${b} (cached, from ${A(freeCached.get(b))}) evicted and reused by ${A(id)}`});
         }
         freeCached.delete(b);
       }
@@ -201,7 +232,7 @@ function buildModel(data) {
 
   const lastUsed = Math.max(0, ...steps.flatMap((s) => Object.keys(s.pool.owners).map(Number)));
   return {info, config, bs, reqs, steps, finishedAt, lastUsed, speculative, callerPid: trace.caller_pid,
-          multiprocess: info.pid !== trace.caller_pid};
+          multiprocess: info.pid !== trace.caller_pid, alias: A};
 }
 
 // The batch rows whose logits each request samples from: its last row, or its last d + 1 when it carries d

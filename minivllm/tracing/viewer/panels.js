@@ -23,9 +23,11 @@ function el(tag, attrs, ...children) {
   return node;
 }
 
-// A request's chip: its id on its colour.
-const chip = (model, id, extra) => el("span", {class: "chip", "data-req": id,
-                                             style: {background: colourOf(model, id)}}, extra ? `${id} ${extra}` : id);
+// A request's chip: its id (a server's long id: its alias, the full id on hover) on its colour.
+const nameOf = (model, id) => model.alias ? model.alias(id) : id;
+const chip = (model, id, extra) => el("span", {class: "chip", "data-req": id, title: id,
+                                             style: {background: colourOf(model, id)}},
+                                      extra ? `${nameOf(model, id)} ${extra}` : nameOf(model, id));
 
 function panel(id, part, title, ...body) {
   return el("section", {class: "panel", id},
@@ -71,31 +73,45 @@ function queuesPanel(model, s) {
                              `${s.after.numFree}.`));
 }
 
-// Panel 3: the token budget as a bar, RUNNING pass then WAITING pass, clamped chunks marked, then what is left.
+// Panel 3: the token budget as a bar drawn to scale (a segment's width is its tokens over max_num_batched_tokens),
+// RUNNING pass then WAITING pass, clamped chunks marked, then what is left. A step that spends under a tenth of
+// the budget (a decode step: 3 of 8192, a sliver) is drawn a second time magnified: the bar below it stands for
+// the first `span` tokens of the budget only, a power of two at least 4x what the step spent, and says so.
+const MAGNIFY_BELOW = 0.1;
 function budgetPanel(model, s) {
   const b = s.budget, limit = b.limit;
   const left = limit === null ? null : limit - b.total;
-  // A budget far larger than the step (8192 vs 3 decode tokens) would hide the spending: then the spent part
-  // is drawn on 80% of the bar and what is left on 20%, and the bar says it is not to scale.
-  const squeezed = left !== null && left > 4 * b.total;
-  const width = (n) => `${squeezed ? (80 * n) / Math.max(b.total, 1) : (100 * n) / (limit || Math.max(b.total, 1))}%`;
-  const seg = (row, pass) => el("div", {class: "seg" + (row.n < row.need ? " clamped" : ""), "data-req": row.req,
-                                       "data-pass": pass, "data-n": row.n,
-                                       style: {width: width(row.n), background: colourOf(model, row.req)},
-                                       title: `${row.req}: ${row.n} of ${row.need} tokens it needed`},
-                                `${row.req}:${row.n}`);
-  const bar = el("div", {class: "bar", "data-limit": limit, "data-total": b.total},
-                 b.running.map((r) => seg(r, "running")), b.waiting.map((r) => seg(r, "waiting")),
-                 left ? el("div", {class: "seg left", "data-n": left, style: {width: squeezed ? "20%" : width(left)}},
-                           `left ${left}`) : null);
-  const sum = (rows) => rows.reduce((a, r) => a + r.n, 0);
+  const rows = [...b.running.map((r) => [r, "running"]), ...b.waiting.map((r) => [r, "waiting"])];
+  const seg = (row, pass, span) => el("div", {class: "seg" + (row.n < row.need ? " clamped" : ""), "data-req": row.req,
+                                             "data-pass": pass, "data-n": row.n,
+                                             style: {width: `${(100 * row.n) / span}%`, background: colourOf(model, row.req)},
+                                             title: `${row.req}: ${row.n} of ${row.need} tokens it needed`},
+                                      `${nameOf(model, row.req)}:${row.n}`);
+  // span: the tokens the bar's full width stands for; the rest of it drawn light, labelled
+  const bar = (kind, span, rest) => el("div", {class: "bar", "data-bar": kind, "data-span": span, "data-limit": limit,
+                                               "data-total": b.total},
+    rows.map(([row, pass]) => seg(row, pass, span)),
+    span > b.total ? el("div", {class: "seg left", "data-n": span - b.total,
+                                style: {width: `${(100 * (span - b.total)) / span}%`}}, rest) : null);
+  const scale = limit ?? Math.max(b.total, 1);  // budget not recorded: the bar is the step's own tokens
+  let span = 4;
+  while (span < 4 * b.total) span *= 2;
+  const magnify = limit !== null && b.total / limit < MAGNIFY_BELOW && span < limit;
+  const factor = magnify ? limit / span : 1;
+  const sum = (list) => list.reduce((a, r) => a + r.n, 0);
   const clamps = [...b.running, ...b.waiting].filter((r) => r.n < r.need)
     .map((r) => el("li", {"data-req": r.req}, chip(model, r.req), ` chunk: ${r.n} of the ${r.need} tokens it still ` +
                                                      `needed (num_new_tokens = min(num_new_tokens, token_budget))`));
-  return panel("p-budget", "Part 2", "the token budget (max_num_batched_tokens)", bar,
+  return panel("p-budget", "Part 2", "the token budget (max_num_batched_tokens)",
+    el("div", {class: "barlabel"}, limit === null ? "the step's tokens (budget not recorded)"
+                                                  : `to scale: the whole bar is the budget, ${limit} tokens`),
+    bar("budget", scale, left ? `left ${left}` : ""),
+    magnify ? el("div", {class: "barlabel magnified", "data-factor": factor},
+                 `magnified ×${Number(factor.toPrecision(4))}: the same step against the first ${span} of the ` +
+                 `${limit} tokens (above, it fills ${((100 * b.total) / limit).toPrecision(2)}% of the bar)`) : null,
+    magnify ? bar("magnified", span, `…${left} left`) : null,
     el("p", {}, `RUNNING pass ${sum(b.running)} · WAITING pass ${sum(b.waiting)} · ` +
-                (limit === null ? "budget not recorded" : `left over ${left} of ${limit}`) +
-                (squeezed ? " (the bar is not to scale: what is left is drawn on its last fifth)" : "")),
+                (limit === null ? "budget not recorded" : `left over ${left} of ${limit}`)),
     clamps.length ? el("ul", {class: "clamps"}, clamps) : null);
 }
 
@@ -105,7 +121,7 @@ function schedulerOutputPanel(model, s) {
   const row = (id, kind, computed, blocks) => el("tr", {"data-req": id},
     el("td", {}, chip(model, id)), el("td", {}, kind), el("td", {}, computed), el("td", {}, nst[id]),
     el("td", {}, blocks));
-  const ids = (list) => `[${list.join(", ")}]`;
+  const ids = (list) => `[${list.join(", ")}]`, names = (list) => ids(list.map((id) => nameOf(model, id)));
   return panel("p-so", "Part 2", "SchedulerOutput",
     el("table", {},
        el("tr", {}, ["req_id", "kind", "num_computed_tokens", "num_scheduled_tokens", "block_ids"]
@@ -115,7 +131,7 @@ function schedulerOutputPanel(model, s) {
                                     c.num_computed_tokens[i], "+" + ids(c.new_block_ids[i])))),
     el("p", {}, `total_num_scheduled_tokens=${e.total_num_scheduled_tokens}  `,
        el("span", {"data-field": "finished_req_ids", "data-ids": JSON.stringify(e.finished_req_ids)},
-          `finished_req_ids=${ids(e.finished_req_ids)}`), "  ",
+          `finished_req_ids=${names(e.finished_req_ids)}`), "  ",
        el("span", {"data-field": "preempted_req_ids", "data-ids": JSON.stringify(e.preempted_req_ids)},
-          `preempted_req_ids=${ids(e.preempted_req_ids)}`)));
+          `preempted_req_ids=${names(e.preempted_req_ids)}`)));
 }

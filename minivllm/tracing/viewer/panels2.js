@@ -34,14 +34,21 @@ function batchPanel(model, s) {
     tokenRow("query_start_loc", b.query_start_loc, perReq),
     tokenRow("seq_lens", b.seq_lens, perReq),
     tokenRow("logits_indices", b.logits_indices, (i) => rowOf[b.logits_indices[i]]),
-    box);
-  // The article's formula with this cell's numbers, on hover, focus or click.
+    blockTableRows(model, b), box);
+  // The article's formula with this cell's numbers, on hover, focus or click. Four kinds of index meet here,
+  // each named: the token's index in the packed batch, its request's batch row, its position in the request,
+  // and the logical block (pos // block_size) that the row of block_table maps to a physical block.
   const explain = (cell) => {
     const i = Number(cell.dataset.i), r = rowOf[i], pos = b.positions[i], bs = model.bs;
-    const row = b.block_table[r], phys = row[Math.floor(pos / bs)];
-    box.textContent = `token ${i} of request ${b.req_ids[r]}: slot = block_table[${pos} // ${bs}] * ${bs} + ` +
-                      `${pos} % ${bs} = ${phys} * ${bs} + ${pos % bs} = ${phys * bs + (pos % bs)}` +
-                      `   (block_table[${b.req_ids[r]}] = [${row.join(", ")}], slot_mapping[${i}] = ${b.slot_mapping[i]})`;
+    const row = b.block_table[r], logical = Math.floor(pos / bs), phys = row[logical];
+    box.replaceChildren(
+      el("div", {}, `batch token ${i} (index into the packed batch) · batch row ${r} = request `,
+         chip(model, b.req_ids[r]), ` · position ${pos} (index in the request's tokens)`),
+      el("div", {}, `logical block ${pos} // ${bs} = ${logical} · physical block block_table[row ${r}][${logical}] = ` +
+                    `${phys} · offset ${pos} % ${bs} = ${pos % bs}`),
+      el("div", {}, `slot = block_table[pos // block_size] * block_size + pos % block_size = ` +
+                    `block_table[${pos} // ${bs}] * ${bs} + ${pos} % ${bs} = ${phys} * ${bs} + ${pos % bs} = ` +
+                    `${phys * bs + (pos % bs)} (slot_mapping[${i}] = ${b.slot_mapping[i]})`));
     box.dataset.slot = String(phys * bs + (pos % bs));
     box.style.borderColor = colourOf(model, b.req_ids[r]);
   };
@@ -49,6 +56,22 @@ function batchPanel(model, s) {
     ["mouseenter", "focus", "click"].forEach((ev) => cell.addEventListener(ev, () => explain(cell)));
   });
   return node;
+}
+
+// block_table, one row per batch row (indexed by row, not by request id: row r is req_ids[r]), each entry
+// logical -> physical block; entries past the row's ceil(seq_len / block_size) blocks are the array's padding.
+function blockTableRows(model, b) {
+  return el("div", {class: "btrows"}, b.block_table.map((row, r) => {
+    const used = Math.ceil(b.seq_lens[r] / model.bs);
+    return el("div", {class: "btrow", "data-row": r, "data-req": b.req_ids[r], "data-blocks": JSON.stringify(row)},
+      el("span", {class: "aname"}, `block_table[${r}]`),
+      el("span", {class: "rowof"}, "row ", r, ": ", chip(model, b.req_ids[r])),
+      row.map((p, k) => k < used
+        ? el("span", {class: "cell", title: `batch row ${r} (request ${b.req_ids[r]}): logical block ${k} -> ` +
+                                            `physical block ${p}`, style: {background: colourOf(model, b.req_ids[r])}},
+             `${k}→${p}`)
+        : el("span", {class: "cell none", title: "padding: the row has no block here"}, "·")));
+  }));
 }
 
 // Panel 6: the physical KV pool, one square per block, coloured by owner; each scheduled block table drawn on it.
@@ -65,8 +88,8 @@ function poolPanel(model, s) {
       : owners.length > 1 ? {background: `linear-gradient(135deg, ${owners.map((o) => colourOf(model, o)).join(", ")})`}
       : cachedFree !== undefined ? {borderColor: colourOf(model, cachedFree)} : {};
     const tip = b === 0 ? "block 0: reserved (the null block)"
-      : owners.length ? `block ${b}: ref_cnt ${owners.length}, owners ${owners.join(", ")}${pool.full[b] ? ", full: hashed, in the prefix cache" : ""}`
-      : cachedFree !== undefined ? `block ${b}: free, still cached (full block of ${cachedFree}); evicted lazily when reused`
+      : owners.length ? `block ${b}: ref_cnt ${owners.length}, owners ${owners.map((o) => nameOf(model, o)).join(", ")}${pool.full[b] ? ", full: hashed, in the prefix cache" : ""}`
+      : cachedFree !== undefined ? `block ${b}: free, still cached (full block of ${nameOf(model, cachedFree)}); evicted lazily when reused`
       : `block ${b}: free`;
     cells.push(el("div", {class: cls, "data-block": b, "data-owners": owners.join(","), "data-ref-cnt": owners.length,
                           "data-cached": pool.full[b] || cachedFree !== undefined ? "1" : "0", title: tip, style},
@@ -74,10 +97,11 @@ function poolPanel(model, s) {
                   owners.length ? el("span", {class: "rc"}, `×${owners.length}`) : null,
                   pool.full[b] || cachedFree !== undefined ? el("span", {class: "hash"}, "#") : null));
   }
+  const batchRow = (id) => s.execute ? s.execute.batch.req_ids.indexOf(id) : -1;
   const tables = Object.entries(pool.tables).map(([id, blocks]) =>
     el("div", {class: "btable", "data-req": id, "data-blocks": JSON.stringify(blocks)}, chip(model, id),
-       " block_table = [", blocks.map((b, i) => el("span", {class: "bt", "data-block": b,
-                                                            title: `logical ${i} -> physical ${b}`},
+       batchRow(id) >= 0 ? ` batch row ${batchRow(id)}: block_table[${batchRow(id)}] = [` : " (not in this batch) blocks = [", blocks.map((b, i) => el("span", {class: "bt", "data-block": b,
+                                                            title: `request ${id}: logical block ${i} -> physical block ${b}`},
                                                     `${i}→${b}`)).reduce((a, x) => a.concat(a.length ? [", ", x] : [x]), []),
        "]"));
   const node = panel("p-pool", "Part 5", "paged KV cache: the physical block pool (prefix caching: part 7)",

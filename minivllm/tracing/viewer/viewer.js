@@ -30,9 +30,15 @@ function startViewer() {
       (d.live ? ` (live: the last ${last} steps of the running server)` : "");
     const marks = document.getElementById("marks");
     marks.replaceChildren();
-    // One row per kind, each mark a button that jumps to its step; a run without drafts has no rejection row.
+    // One row per kind that happened, each mark a button that jumps to its step; the kinds that did not happen
+    // share one line (a run without drafts leaves rejection out: it cannot happen there).
+    const none = [];
     for (const kind of EVENT_KINDS.filter((k) => model.speculative || !SPEC_KINDS.includes(k))) {
       const at = model.steps.map((s, i) => [s, i + 1]).filter(([s]) => s.events.some((e) => e.kind === kind));
+      if (!at.length) {
+        none.push(kind);
+        continue;
+      }
       const row = el("div", {class: "markrow", "data-kind": kind}, el("span", {class: "kind"}, `${kind} (${at.length})`));
       const track = el("div", {class: "track"});
       for (const [s, i] of at) {
@@ -46,9 +52,13 @@ function startViewer() {
       row.append(track);
       marks.append(row);
     }
+    if (none.length && last) marks.append(el("div", {class: "marknone", "data-kinds": none.join(",")},
+                                             `none in these steps: ${none.join(", ")}`));
+    stackMarks();
   }
 
-  // Draw the step at slider position i: the header's event list, then the seven panels (eight with drafts).
+  // Draw the step at slider position i: the header's event list, then the eight panels (nine with drafts,
+  // one more under tensor parallelism).
   function show(i) {
     if (!last) {
       label.textContent = "waiting for the first step: send a request to the server";
@@ -62,9 +72,14 @@ function startViewer() {
     evs.replaceChildren(...(s.events.length ? s.events.map((e) => el("li", {"data-kind": e.kind},
                                                                         el("b", {}, e.kind), " ", chip(model, e.req), " ", e.text))
                                            : [el("li", {}, "a plain step: every scheduled request advances")]));
+    const brief = document.getElementById("brief");  // the collapsed header's one line of events
+    brief.textContent = s.events.length ? s.events.map((e) => `${e.kind} ${model.alias(e.req)}`).join(" · ")
+                                        : "a plain step";
+    brief.title = s.events.map((e) => e.text).join("\n") || "a plain step: every scheduled request advances";
     main.replaceChildren(stagesPanel(model, s), queuesPanel(model, s), budgetPanel(model, s),
-                         schedulerOutputPanel(model, s), batchPanel(model, s), poolPanel(model, s),
-                         samplingPanel(model, s), ...[specPanel(model, s)].filter(Boolean));
+                         schedulerOutputPanel(model, s), batchPanel(model, s), forwardContextPanel(model, s),
+                         poolPanel(model, s), samplingPanel(model, s),
+                         ...[specPanel(model, s), ranksPanel(model, s)].filter(Boolean));
     document.querySelectorAll(".mark.current").forEach((m) => m.classList.remove("current"));
     document.querySelectorAll(`.mark[data-step="${s.n}"]`).forEach((m) => m.classList.add("current"));
   }
@@ -99,6 +114,7 @@ function startViewer() {
     if (ev.key === "Home") go(1);
     if (ev.key === "End") go(last);
   });
+  setupHeader();
   load(data);
   follow = !/^#step=\d+$/.test(location.hash);
   show(fromHash());
