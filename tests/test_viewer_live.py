@@ -3,8 +3,9 @@
 A real `python -m minivllm serve` on 127.0.0.1 with the page open while three clients stream (the serve
 trace's clients: B starts once A has 3 tokens, C once B has 2, so they overlap); the test also reads
 /trace/events itself, the server's record, and checks the page at the steps where something happened
-against it. Then: tracing is on only while a viewer is connected, and greedy tokens are the same with
-no viewer, with one, and after it left; the window keeps the last --trace-max-steps steps.
+against it (started with --enable-trace-page --trace-page-show-requests, so the clients' ids and text are
+shown). Then, on a redacted page: tracing is on only while a viewer is connected, and greedy tokens are the
+same with no viewer, with one, and after it left; the window keeps the last --trace-max-steps steps.
 """
 from __future__ import annotations
 
@@ -93,7 +94,8 @@ def _health(url: str) -> int | None:
 def serve_process():
     port = _free_port()
     proc = subprocess.Popen([sys.executable, "-m", "minivllm", "serve", "--host", "127.0.0.1", "--port", str(port),
-                             "--max-model-len", "256", "--uvicorn-log-level", "warning"],
+                             "--max-model-len", "256", "--uvicorn-log-level", "warning",
+                             "--enable-trace-page", "--trace-page-show-requests"],  # the clients' ids on the page
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}"
     try:
@@ -179,7 +181,8 @@ def test_tracing_only_while_a_viewer_is_connected_and_tokens_unchanged():
     from minivllm.engine.async_llm import AsyncLLM
     from minivllm.entrypoints.openai.api_server import ServerThread
 
-    server = ServerThread(AsyncLLM.from_engine_args(EngineArgs(max_model_len=256)), trace_max_steps=4)
+    server = ServerThread(AsyncLLM.from_engine_args(EngineArgs(max_model_len=256)), enable_trace_page=True,
+                          trace_max_steps=4)  # redacted (no --trace-page-show-requests): the window still adds up
     base, hub, core = server.url.removesuffix("/v1"), server.app.state.live_trace, server.engine.engine_core
     body = {"model": server.engine.served_model_name, "prompt": "The capital of France is", "max_tokens": 10,
             "temperature": 0, "ignore_eos": True}
