@@ -391,3 +391,21 @@ def test_redaction_keeps_counts_and_aliases_every_request_id():
                                   "stop_reason": None}]
     assert update["freed"] == {"req-1": [1]} and update["note"] == "req-1"
     assert not re.search("secret|my words|my stop", json.dumps([submit, schedule, update]))
+
+
+@pytest.mark.timeout(180)
+def test_a_tensor_parallel_worker_failure_is_one_line_and_its_traceback_is_logged(tiny_llama_folder):
+    """A call that raises in the ranks (here a method no Worker has) ends the engine with EngineDeadError: its
+    message, which a server would hand to clients, is one line; the rank's traceback is in the log."""
+    from minivllm import LLM
+    from minivllm.engine.exceptions import EngineDeadError
+    llm = LLM(str(tiny_llama_folder), tensor_parallel_size=2, multiprocess=False, max_model_len=64)
+    try:
+        with LogRecords() as logs, pytest.raises(EngineDeadError) as info:
+            llm.llm_engine.engine_core.engine_core.model_executor.collective_rpc("no_such_method")
+        message = str(info.value)
+        assert "\n" not in message and "Traceback" not in message and not re.search(r"\.py\b", message), message
+        assert "the worker of rank 0 raised AttributeError" in message and "no_such_method" in message, message
+        assert "Traceback (most recent call last)" in logs.text()
+    finally:
+        llm.shutdown()
