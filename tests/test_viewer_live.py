@@ -218,3 +218,43 @@ def test_tracing_only_while_a_viewer_is_connected_and_tokens_unchanged():
         assert server.engine.tracer is None and core.trace_events == []  # off again: EngineCore sent no events
     finally:
         server.stop()
+
+
+@pytest.mark.timeout(600)
+def test_a_redacted_page_draws_every_step_without_the_request_text(browser, tiny_llama_folder):
+    """--enable-trace-page alone: the viewer draws each step from the redacted events (token counts, blocks,
+    aliases) with no console error, and nothing of the client's message or request id is on the page."""
+    from minivllm.engine.arg_utils import EngineArgs
+    from minivllm.engine.async_llm import AsyncLLM
+    from minivllm.entrypoints.openai.api_server import ServerThread
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    server = ServerThread(AsyncLLM.from_engine_args(EngineArgs(model=str(tiny_llama_folder), max_model_len=256)),
+                          enable_trace_page=True)
+    base = server.url.removesuffix("/v1")
+    live_seq = lambda d: int(d.execute_script("return document.body.dataset.liveSeq ?? '-2'"))  # noqa: E731
+    try:
+        reader = EventReader(base)
+        reader.wait_for(lambda r: r.messages >= 1)
+        browser.get(base + "/trace")
+        WebDriverWait(browser, 30).until(lambda d: live_seq(d) >= -1)
+        body = {"model": server.engine.served_model_name, "max_tokens": 6, "ignore_eos": True,
+                "messages": [{"role": "user", "content": "the secret word is periwinkle"}]}
+        request = urllib.request.Request(server.url + "/chat/completions", json.dumps(body).encode(),
+                                         {"Content-Type": "application/json", "X-Request-Id": "alice-4242"})
+        urllib.request.urlopen(request, timeout=120).read()
+        reader.wait_for(lambda r: r.finished())
+        assert reader.finished() == {"req-1"}
+        with reader.cond:
+            last_seq = reader.events[-1]["seq"]
+        WebDriverWait(browser, 60).until(lambda d: live_seq(d) >= last_seq)
+        for n in sorted(steps_of({"events": reader.events})):
+            browser.execute_script(f"location.hash = '#step={n}'")
+            page = browser.execute_script(READ_PAGE)
+            assert page["step"] == n
+            text = browser.find_element("tag name", "body").text
+            assert "periwinkle" not in text and "alice" not in text and "req-1" in text
+        assert_no_console_error(browser)
+        reader.close()
+    finally:
+        server.stop()
