@@ -33,7 +33,7 @@ def _server(folder, **app_kwargs):
 
 def _get(url: str) -> tuple[int, bytes]:
     try:
-        with urllib.request.urlopen(url, timeout=30) as response:
+        with urllib.request.urlopen(url, timeout=120) as response:
             return response.status, response.read()
     except urllib.error.HTTPError as e:
         return e.code, e.read()
