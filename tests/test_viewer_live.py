@@ -3,8 +3,9 @@
 A real `python -m minivllm serve` on 127.0.0.1 with the page open while three clients stream (the serve
 trace's clients: B starts once A has 3 tokens, C once B has 2, so they overlap); the test also reads
 /trace/events itself, the server's record, and checks the page at the steps where something happened
-against it. Then: tracing is on only while a viewer is connected, and greedy tokens are the same with
-no viewer, with one, and after it left; the window keeps the last --trace-max-steps steps.
+against it (started with --enable-trace-page --trace-page-show-requests, so the clients' ids and text are
+shown). Then, on a redacted page: tracing is on only while a viewer is connected, and greedy tokens are the
+same with no viewer, with one, and after it left; the window keeps the last --trace-max-steps steps.
 """
 from __future__ import annotations
 
@@ -93,7 +94,8 @@ def _health(url: str) -> int | None:
 def serve_process():
     port = _free_port()
     proc = subprocess.Popen([sys.executable, "-m", "minivllm", "serve", "--host", "127.0.0.1", "--port", str(port),
-                             "--max-model-len", "256", "--uvicorn-log-level", "warning"],
+                             "--max-model-len", "256", "--uvicorn-log-level", "warning",
+                             "--enable-trace-page", "--trace-page-show-requests"],  # the clients' ids on the page
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}"
     try:
@@ -179,7 +181,8 @@ def test_tracing_only_while_a_viewer_is_connected_and_tokens_unchanged():
     from minivllm.engine.async_llm import AsyncLLM
     from minivllm.entrypoints.openai.api_server import ServerThread
 
-    server = ServerThread(AsyncLLM.from_engine_args(EngineArgs(max_model_len=256)), trace_max_steps=4)
+    server = ServerThread(AsyncLLM.from_engine_args(EngineArgs(max_model_len=256)), enable_trace_page=True,
+                          trace_max_steps=4)  # redacted (no --trace-page-show-requests): the window still adds up
     base, hub, core = server.url.removesuffix("/v1"), server.app.state.live_trace, server.engine.engine_core
     body = {"model": server.engine.served_model_name, "prompt": "The capital of France is", "max_tokens": 10,
             "temperature": 0, "ignore_eos": True}
@@ -213,5 +216,45 @@ def test_tracing_only_while_a_viewer_is_connected_and_tokens_unchanged():
             time.sleep(0.05)
         assert complete() == untraced
         assert server.engine.tracer is None and core.trace_events == []  # off again: EngineCore sent no events
+    finally:
+        server.stop()
+
+
+@pytest.mark.timeout(600)
+def test_a_redacted_page_draws_every_step_without_the_request_text(browser, tiny_llama_folder):
+    """--enable-trace-page alone: the viewer draws each step from the redacted events (token counts, blocks,
+    aliases) with no console error, and nothing of the client's message or request id is on the page."""
+    from minivllm.engine.arg_utils import EngineArgs
+    from minivllm.engine.async_llm import AsyncLLM
+    from minivllm.entrypoints.openai.api_server import ServerThread
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    server = ServerThread(AsyncLLM.from_engine_args(EngineArgs(model=str(tiny_llama_folder), max_model_len=256)),
+                          enable_trace_page=True)
+    base = server.url.removesuffix("/v1")
+    live_seq = lambda d: int(d.execute_script("return document.body.dataset.liveSeq ?? '-2'"))  # noqa: E731
+    try:
+        reader = EventReader(base)
+        reader.wait_for(lambda r: r.messages >= 1)
+        browser.get(base + "/trace")
+        WebDriverWait(browser, 30).until(lambda d: live_seq(d) >= -1)
+        body = {"model": server.engine.served_model_name, "max_tokens": 6, "ignore_eos": True,
+                "messages": [{"role": "user", "content": "the secret word is periwinkle"}]}
+        request = urllib.request.Request(server.url + "/chat/completions", json.dumps(body).encode(),
+                                         {"Content-Type": "application/json", "X-Request-Id": "alice-4242"})
+        urllib.request.urlopen(request, timeout=120).read()
+        reader.wait_for(lambda r: r.finished())
+        assert reader.finished() == {"req-1"}
+        with reader.cond:
+            last_seq = reader.events[-1]["seq"]
+        WebDriverWait(browser, 60).until(lambda d: live_seq(d) >= last_seq)
+        for n in sorted(steps_of({"events": reader.events})):
+            browser.execute_script(f"location.hash = '#step={n}'")
+            page = browser.execute_script(READ_PAGE)
+            assert page["step"] == n
+            text = browser.find_element("tag name", "body").text
+            assert "periwinkle" not in text and "alice" not in text and "req-1" in text
+        assert_no_console_error(browser)
+        reader.close()
     finally:
         server.stop()

@@ -111,6 +111,8 @@ class AsyncLLM(LLMEngine):
                 self.engine_core.abort_requests(processed.reqs_to_abort)  # stopped by a stop string
                 if self.tracer is not None:
                     self.tracer.on_outputs(outputs, processed)
+                else:  # a step traced just before the last /trace page left: nobody reads its events, drop them
+                    self.engine_core.take_trace_events()
         except EngineDeadError as e:
             logger.error("EngineCore died: %s", e)
             self.dead_error = e

@@ -26,7 +26,7 @@ from minivllm.config import EngineConfig
 from minivllm.engine import (AbortRequests, AddRequests, EngineCoreFailed, EngineCoreOutputs, EngineCoreRequest,
                              TraceEvents, UtilityCall, UtilityOutput)
 from minivllm.engine.core import EngineCore, run_engine_core
-from minivllm.engine.exceptions import EngineDeadError
+from minivllm.engine.exceptions import EngineDeadError, log_traceback
 from minivllm.engine.utils import child_setup, stop_process
 
 
@@ -131,7 +131,7 @@ class SyncMPClient:
             if isinstance(message, EngineCoreFailed):
                 if message.refused:  # the child rejected bad input rather than failed
                     raise ValueError(message.message)
-                self._dead = f"EngineCore failed:\n{message.message}"
+                self._dead = f"EngineCore failed: {log_traceback('EngineCore', message.message)}"
                 raise EngineDeadError(self._dead)
             return message
 

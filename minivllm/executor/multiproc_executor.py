@@ -40,7 +40,7 @@ from multiprocessing.connection import wait
 from typing import Any, Callable
 
 from minivllm.config import EngineConfig
-from minivllm.engine.exceptions import EngineDeadError
+from minivllm.engine.exceptions import EngineDeadError, log_traceback
 from minivllm.engine.utils import child_setup
 from minivllm.executor.abstract import Executor
 from minivllm.executor.multiproc_worker import SHUTDOWN, WorkerFailure, worker_main
@@ -128,10 +128,12 @@ class MultiprocExecutor(Executor):
                 except (EOFError, OSError):
                     raise self._dead(self.workers[0]) from None
                 if isinstance(reply, WorkerFailure):
-                    raise self._failed(f"the worker of rank {reply.rank} raised:\n{reply.traceback}")
+                    raise self._failed(f"the worker of rank {reply.rank} raised "
+                                      f"{log_traceback(f'rank {reply.rank}', reply.traceback)}")
                 if isinstance(reply, list) and (failure := next((r for r in reply if isinstance(r, WorkerFailure)),
                                                                 None)):
-                    raise self._failed(f"the worker of rank {failure.rank} raised:\n{failure.traceback}")
+                    raise self._failed(f"the worker of rank {failure.rank} raised "
+                                      f"{log_traceback(f'rank {failure.rank}', failure.traceback)}")
                 return reply
             raise self._dead(sentinels[ready[0]])
 

@@ -6,6 +6,8 @@ completions at different moments: B sends once A has streamed 3 tokens, C once B
 Then it prints every engine step from the trace (who was scheduled, how many tokens, the queues)
 and names the steps where a request was admitted while others were decoding. Timing decides the
 exact step numbers, so they differ run to run; the admissions-while-decoding are always there.
+It turns on only what it uses, tracing in this process's engine (`enable_tracing_async`), and prints its
+own clients' prompts; the server it starts has no /trace page (that needs `serve --enable-trace-page`).
 """
 from __future__ import annotations
 
@@ -74,7 +76,8 @@ def run_serve_trace(args: argparse.Namespace, console=None):
     from minivllm.engine.async_llm import AsyncLLM
     from minivllm.entrypoints.openai.api_server import ServerThread
     console = console or make_console(width=args.width or terminal_width())
-    server = ServerThread(AsyncLLM.from_engine_args(EngineArgs(model=args.model, max_model_len=256)))
+    server = ServerThread(AsyncLLM.from_engine_args(EngineArgs(model=args.model, max_model_len=256)),
+                          enable_trace_page=False)  # the trace is read here, in-process: no page to serve
     try:
         trace = server.run_coroutine(server.engine.enable_tracing_async())
         texts = run_clients(server.url, server.engine.served_model_name)

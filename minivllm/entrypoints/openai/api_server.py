@@ -2,8 +2,8 @@
 
 FastAPI routes over one AsyncLLM, served by uvicorn: POST /v1/completions and /v1/chat/completions
 (whole, or streamed as Server-Sent Events), GET /v1/models, /health (200, or 503 once EngineCore is
-dead), /metrics (Prometheus text) and /trace (minivllm's live trace viewer, tracing/live.py; vLLM has
-none). Every failure is an OpenAI error object with its status (also
+dead), /metrics (Prometheus text) and, with --enable-trace-page only, /trace (minivllm's live trace
+viewer, tracing/live.py; vLLM has none). Every failure is an OpenAI error object with its status (also
 404, 405, a body that is not JSON, and a body over --max-request-body-bytes: 413, refused before it is
 read whole); a request that fails leaves the engine serving the others. A client that disconnects
 cancels its handler (streamed: EventStreamResponse; whole: `with_cancellation`), which aborts its
@@ -28,12 +28,13 @@ import anyio
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from minivllm.engine.arg_utils import EngineArgs
 from minivllm.engine.async_llm import AsyncLLM
-from minivllm.entrypoints.openai.cli_args import DEFAULT_MAX_REQUEST_BODY_BYTES, DEFAULT_TRACE_MAX_STEPS
+from minivllm.entrypoints.openai.cli_args import (DEFAULT_MAX_REQUEST_BODY_BYTES, DEFAULT_TRACE_MAX_STEPS,
+                                                  check_trace_page_args)
 from minivllm.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
 from minivllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from minivllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
@@ -83,18 +84,20 @@ def fail_running_requests(engine: AsyncLLM) -> None:
 
 
 def build_app(engine: AsyncLLM, trust_request_chat_template: bool = False,
-              max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES,
-              trace_max_steps: int = DEFAULT_TRACE_MAX_STEPS) -> FastAPI:
-    from minivllm.tracing.live import LiveTraceHub
+              max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES, *, enable_trace_page: bool = False,
+              trace_page_show_requests: bool = False, trace_max_steps: int = DEFAULT_TRACE_MAX_STEPS,
+              host: str = "127.0.0.1") -> FastAPI:
+    """The server's routes over `engine`; the live trace page only with enable_trace_page (off: /trace is a 404),
+    which logs what it exposes, and warns when `host` (where the server listens) is not loopback."""
+    check_trace_page_args(enable_trace_page, trace_page_show_requests)
     name = engine.served_model_name
-    live_trace = LiveTraceHub(engine, trace_max_steps)
     completion = OpenAIServingCompletion(engine, name)
     chat = OpenAIServingChat(engine, name, trust_request_chat_template)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         app.state.loop = asyncio.get_running_loop()
-        app.state.engine, app.state.live_trace = engine, live_trace
+        app.state.engine = engine
         freeze_gc_heap()  # as vLLM's server: the app and its engine client are built for good
         yield
         chat.shutdown()
@@ -103,6 +106,12 @@ def build_app(engine: AsyncLLM, trust_request_chat_template: bool = False,
 
     app = FastAPI(title="minivllm", lifespan=lifespan)
     app.add_middleware(RequestBodyLimit, max_bytes=max_request_body_bytes)
+    app.state.live_trace = None  # the LiveTraceHub, with the page on
+    if enable_trace_page:
+        from minivllm.tracing.live import add_trace_routes, announce_trace_page
+        app.state.live_trace = add_trace_routes(app, engine, EventStreamResponse, trace_max_steps,
+                                                trace_page_show_requests)
+        announce_trace_page(host, trace_page_show_requests)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -141,17 +150,6 @@ def build_app(engine: AsyncLLM, trust_request_chat_template: bool = False,
             return error_json(error_from_exception(e))
         return Response(engine.stat_logger.render(stats), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    @app.get("/trace")
-    async def trace_page() -> HTMLResponse:
-        """The trace viewer, live: it follows /trace/events (tracing is on only while such a page is open)."""
-        from minivllm.tracing.html import render_html
-        from minivllm.tracing.trace import Trace
-        return HTMLResponse(render_html(Trace(engine.info), engine.config, live="/trace/events"))
-
-    @app.get("/trace/events")
-    async def trace_events() -> Response:
-        return EventStreamResponse(live_trace.stream())
-
     async def respond(create, body, raw_request: Request) -> Response:
         try:
             await engine.run_in_input_thread(check_unicode, body.model_dump(exclude_none=True))  # off the loop
@@ -180,11 +178,14 @@ def run_server(args: argparse.Namespace) -> int | None:
     init_logger()
     if args.model_tag is not None:
         args.model = args.model_tag
+    check_trace_page_args(args.enable_trace_page, args.trace_page_show_requests)  # before the model loads
     if args.headless:  # this node's tensor-parallel workers only
         from minivllm.executor.multiproc_executor import run_headless
         return run_headless(EngineArgs.from_cli_args(args))
     engine = AsyncLLM.from_engine_args(EngineArgs.from_cli_args(args), args.served_model_name)
-    app = build_app(engine, args.trust_request_chat_template, args.max_request_body_bytes, args.trace_max_steps)
+    app = build_app(engine, args.trust_request_chat_template, args.max_request_body_bytes,
+                    enable_trace_page=args.enable_trace_page, trace_page_show_requests=args.trace_page_show_requests,
+                    trace_max_steps=args.trace_max_steps, host=args.host)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
                             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
     try:
@@ -228,7 +229,7 @@ class ServerThread:
         self.socket.bind((host, 0))
         port = self.socket.getsockname()[1]
         self.url = f"http://{host}:{port}/v1"
-        self.app = build_app(engine, **app_kwargs)
+        self.app = build_app(engine, host=host, **app_kwargs)
         self.server = uvicorn.Server(uvicorn.Config(self.app, log_level=log_level,
                                                     timeout_graceful_shutdown=5))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]},

@@ -16,6 +16,25 @@ DEFAULT_MAX_REQUEST_BODY_BYTES = 16 << 20  # 16 MiB: any prompt max_model_len ca
 SERVER_MAX_NUM_BATCHED_TOKENS, SERVER_MAX_NUM_SEQS = 2048, 128
 
 
+TRACE_PAGE_HELP = (
+    "serve minivllm's live trace viewer at GET /trace and /trace/events (vLLM has none; off: both are 404). "
+    "Anyone who can reach the server can open it, with no login, and watch every client's requests step by step: "
+    "batch sizes, token counts, block ids and queues, with request ids shown as aliases (req-1, req-2, ...). "
+    "Request text and token ids are left out unless --trace-page-show-requests is given too. EngineCore traces "
+    "only while a page is open.")
+SHOW_REQUESTS_HELP = (
+    "with --enable-trace-page: the page also shows every request's text and token ids (prompts as rendered by "
+    "the chat template, generated text, stop strings) and its real request id, to anyone who opens it. For a "
+    "demo server whose clients agreed to it; never on a shared or public server.")
+
+
+def check_trace_page_args(enable_trace_page: bool, trace_page_show_requests: bool) -> None:
+    """The second flag alone would be a no-op that looks like a choice: refuse it, naming the fix."""
+    if trace_page_show_requests and not enable_trace_page:
+        raise ValueError("--trace-page-show-requests only changes what the trace page shows, and the page is off: "
+                         "add --enable-trace-page too, or drop --trace-page-show-requests.")
+
+
 def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """`serve [MODEL]`, the server's flags, then every engine argument (EngineArgs.add_cli_args)."""
     parser.add_argument("model_tag", nargs="?", default=None, help="the model to serve (same as --model)")
@@ -28,9 +47,11 @@ def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--max-request-body-bytes", type=int, default=DEFAULT_MAX_REQUEST_BODY_BYTES,
                         help="a larger HTTP body is refused with a 413 before it is read whole (minivllm's; vLLM "
                              "leaves this to a proxy) (default: %(default)s)")
+    parser.add_argument("--enable-trace-page", action="store_true", help=TRACE_PAGE_HELP)
+    parser.add_argument("--trace-page-show-requests", action="store_true", help=SHOW_REQUESTS_HELP)
     parser.add_argument("--trace-max-steps", type=int, default=DEFAULT_TRACE_MAX_STEPS,
-                        help="the live viewer at /trace keeps the last this many engine steps (minivllm's; tracing "
-                             "runs only while a /trace page is open) (default: %(default)s)")
+                        help="with --enable-trace-page: the live viewer at /trace keeps the last this many engine "
+                             "steps (minivllm's) (default: %(default)s)")
     parser.add_argument("--headless", action="store_true",
                         help="run this machine's tensor-parallel workers only, no server and no EngineCore: the "
                              "launch on every node but node 0 (with --nnodes, --node-rank >= 1, --master-addr, "

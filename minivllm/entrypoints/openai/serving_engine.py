@@ -6,9 +6,10 @@ max_tokens to max_model_len as vLLM's server does (null: up to max_model_len; pr
 it: a 400), turns an exception into an OpenAI error object with its HTTP status, counts usage, and
 frames a stream as Server-Sent Events. Errors: a bad field or prompt is a ValueError -> 400
 BadRequestError; an unknown model 404 NotFoundError; a dead EngineCore 500 InternalServerError; a
-server shutting down 503. A text prompt longer than max_model_len tokens could ever spell (at most
-the longest token's length per token) is refused before it is tokenized. Left out: LoRA adapters,
-served-model aliases, request logging, tokenization endpoints.
+server shutting down 503. A 500 tells the client one line; its traceback goes to the server's log only.
+A text prompt longer than max_model_len tokens could ever spell (at most the longest token's length per
+token) is refused before it is tokenized. Left out: LoRA adapters, served-model aliases, request logging,
+tokenization endpoints.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import asyncio
 import dataclasses
 import functools
 import json
+import logging
 from http import HTTPStatus
 from typing import AsyncGenerator, AsyncIterator
 
@@ -26,6 +28,8 @@ from minivllm.entrypoints.openai.protocol import (ErrorInfo, ErrorResponse, Prom
                                                   random_uuid)
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import SamplingParams
+
+logger = logging.getLogger("minivllm")
 
 
 class ModelNotFoundError(ValueError):
@@ -51,9 +55,15 @@ def error_from_exception(e: BaseException) -> ErrorResponse:
         return create_error_response(str(e), HTTPStatus.SERVICE_UNAVAILABLE)
     if isinstance(e, ValueError):
         return create_error_response(str(e))
-    if isinstance(e, EngineDeadError):
-        return create_error_response(f"EngineCore is dead: {e}", HTTPStatus.INTERNAL_SERVER_ERROR)
-    return create_error_response(f"{type(e).__name__}: {e}", HTTPStatus.INTERNAL_SERVER_ERROR)
+    if isinstance(e, EngineDeadError):  # its cause was logged where it was received (engine/exceptions.py)
+        return create_error_response(first_line(f"EngineCore is dead: {e}"), HTTPStatus.INTERNAL_SERVER_ERROR)
+    logger.error("A request failed with an unexpected error", exc_info=e)  # the traceback: the server's log only
+    return create_error_response(first_line(f"{type(e).__name__}: {e}"), HTTPStatus.INTERNAL_SERVER_ERROR)
+
+
+def first_line(message: str) -> str:
+    """What a client is told of a server error: one line, never a traceback (that goes to the server's log)."""
+    return message.strip().split("\n", 1)[0].rstrip(":")
 
 
 def sse(payload: str) -> str:
