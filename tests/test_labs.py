@@ -250,18 +250,29 @@ def _cli(*args):
 
 
 def test_list_json_shape():
-    result = _cli("list", "--json")
+    result = _cli("list", "--json", "--faults")
     data = json.loads(result.stdout)
     assert [lab["id"] for lab in data["labs"]] == sorted(LABS) and all("title" in lab for lab in data["labs"])
     assert len(data["faults"]) >= 8
     assert all(set(f) == {"name", "lab", "what it breaks"} for f in data["faults"])
 
 
+def test_students_see_no_fault_and_instructors_see_them_all():
+    """Issue 47: `list` (what `make lab` prints), `list --json` and `check --help` name no fault; `list --faults`
+    names every one."""
+    from minivllm.labs.faults import FAULTS
+    student = _cli("list").stdout + _cli("list", "--json").stdout + _cli("check", "--help").stdout
+    assert not [name for name in FAULTS if name in student], student
+    assert not [f[3] for f in FAULTS.values() if f[3][:40] in student]
+    instructor = _cli("list", "--faults").stdout
+    assert all(name in instructor for name in FAULTS)
+
+
 def test_bad_lab_and_unknown_fault_exit_2():
     bad = _cli("check", "99")
     assert bad.returncode == 2 and "choose one of" in bad.stderr
     unknown = _cli("check", "2", "--inject", "no-such-fault")
-    assert unknown.returncode == 2 and "preempt-append" in unknown.stderr
+    assert unknown.returncode == 2 and "list --faults" in unknown.stderr and "preempt-append" not in unknown.stderr
 
 
 def test_grade_writes_one_row_per_student_and_lab_and_feedback(tmp_path, student_dir):
