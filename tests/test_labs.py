@@ -104,6 +104,7 @@ CAUGHT_BY = {
     "reject-resample-from-p": (_RANDOM9, "vocab 5, temperature 1, 3000 requests with drafts [1, 4]: counts of output "
                                "token 0"),
     "reject-global-rng": ("random: every request on its own generator", "in a batch of 40 then in the reverse order"),
+    "reject-draw-for-greedy": ("random: the exact random stream of each request", "(unseeded: the engine's generator"),
     "reject-argmax-for-random": (_RANDOM9, "vocab 5, temperature 1, 3000 requests with drafts [1, 4]: counts of "
                                  "output token 0"),
     "ngram-last-occurrence": (_MATCH10, "two earlier occurrences"),
@@ -143,6 +144,7 @@ HINTED = {"pack-block-size-4": "not a constant 4", "hash-tokens-first": "parent'
           "reject-no-break": "no draft after it", "reject-always-bonus": "only when every draft was kept",
           "reject-row-off-by-one": "none for a bonus token", "reject-resample-from-p": "residual",
           "reject-argmax-for-random": "greedy rows only", "reject-global-rng": "md.generators[r]",
+          "reject-draw-for-greedy": "a greedy row draws no random number",
           "ngram-last-occurrence": "earliest occurrence", "ngram-shortest-first": "longest n first",
           "ngram-slice-off-by-one": "start + n", "ngram-self-match": "ends before the last token",
           "ngram-ignores-max-model-len": "max_model_len - len", "new-tokens-ignore-drafts": "num_tokens_with_spec",

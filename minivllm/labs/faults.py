@@ -109,6 +109,8 @@ FAULTS = {
                                "a rejected draft replaced by a draw from p, not the residual: the draft too likely"),
     "reject-global-rng": (9, "rejection_sample", fp.reject_global_rng,
                           "random numbers from torch's global generator: a seeded request is not reproducible"),
+    "reject-draw-for-greedy": (9, "rejection_sample", fp.reject_draw_for_greedy,
+                               "draws a random number for greedy rows too: unseeded requests get other tokens"),
     "reject-argmax-for-random": (9, "rejection_sample", fp.reject_argmax_for_random,
                                  "random rows judged by the argmax: sampling collapses to greedy"),
     "ngram-last-occurrence": (10, "propose", fp.ngram_last_occurrence,

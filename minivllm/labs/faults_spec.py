@@ -15,7 +15,7 @@ from minivllm.sample.sampler import Sampler
 
 # -- lab 9 ------------------------------------------------------------------------------------------------
 def rejection(self, draft_token_ids, target_logits, bonus_token_ids, md, *, breaks=True, always_bonus=False,
-              row_gap=0, row_shift=0, residual=True, own_generator=True, argmax_only=False):
+              row_gap=0, row_shift=0, residual=True, own_generator=True, argmax_only=False, draw_first=False):
     logits = target_logits.float()
     probs = Sampler.compute_probs(logits, md)
     outputs, first_row = [], 0
@@ -23,12 +23,14 @@ def rejection(self, draft_token_ids, target_logits, bonus_token_ids, md, *, brea
         tokens, rejected = [], False
         for j, draft in enumerate(drafts):
             r = first_row + j + row_shift
+            if draw_first:  # u drawn before the row's temperature is looked at: a greedy row draws one too
+                u = torch.rand(1, generator=md.generators[r]).item()
             if argmax_only or md.temperature[r].item() == 0:
                 token = int(logits[r].argmax())
                 kept = token == draft
             else:
                 generator = md.generators[r] if own_generator else None
-                kept = torch.rand(1, generator=generator).item() < probs[r, draft].item()
+                kept = (u if draw_first else torch.rand(1, generator=generator).item()) < probs[r, draft].item()
                 if not kept:
                     p = probs[r].clone()
                     if residual:
@@ -44,6 +46,11 @@ def rejection(self, draft_token_ids, target_logits, bonus_token_ids, md, *, brea
         outputs.append(tokens)
         first_row += len(drafts) + row_gap
     return outputs
+
+
+def reject_draw_for_greedy(self, draft_token_ids, target_logits, bonus_token_ids, md):
+    """Draws u for every draft before looking at the temperature: greedy rows consume random numbers too."""
+    return rejection(self, draft_token_ids, target_logits, bonus_token_ids, md, draw_first=True)
 
 
 def reject_no_break(self, draft_token_ids, target_logits, bonus_token_ids, md):

@@ -31,6 +31,7 @@ from minivllm.labs import unit_prefix as upx
 from minivllm.labs import unit_sched as us
 from minivllm.labs import unit_spec as usp
 from minivllm.labs import unit_stop as ust
+from minivllm.labs import unit_stream as ust9
 from minivllm.labs import unit_tp as utp
 from minivllm.models.linear import RowParallelLinear
 from minivllm.sample import sampler as sampler_module
@@ -148,6 +149,7 @@ LABS = {
             ("greedy: the bonus after every kept draft", usp.lab9_bonus_observe, usp.lab9_bonus_judge),
             ("random: the target distribution", usp.lab9_random_observe, usp.lab9_random_judge),
             ("random: every request on its own generator", usp.lab9_generator_observe, usp.lab9_generator_judge),
+            (ust9.CHECK, ust9.lab9_stream_observe, ust9.lab9_stream_judge),
             ("n-gram speculation: greedy tokens = reference",
              *ss.spec_check("speculative", "n-gram speculation: greedy tokens = reference", "a greedy request keeps "
                             "its drafts while they equal the argmax, then gets one token more", "accepted"))],
