@@ -143,6 +143,9 @@ FAULTS = {
                                   "skip_reading_prefix_cache ignored: a prompt-logprobs request skips positions"),
     "prefix-touches": (12, "get_computed_blocks", fl.prefix_touches,
                        "the hits touched in the lookup: allocate_slots touches them again, ref_cnt leaks"),
+    "prefix-not-after-preemption": (12, "get_computed_blocks", fl.prefix_not_after_preemption,
+                                    "no lookup for a request with output: a readmitted one recomputes its cached "
+                                    "blocks"),
     "prefix-counts-blocks": (12, "get_computed_blocks", fl.prefix_counts_blocks,
                              "returns the number of blocks as num_computed_tokens, not blocks * block_size"),
     "stop-new-chars-only": (13, "_check_stop_strings", fl.stop_new_chars_only,
@@ -155,6 +158,9 @@ FAULTS = {
                               "the earliest match in the text wins, not the first stop string in the list"),
     "stop-not-cut": (13, "_check_stop_strings", fl.stop_not_cut,
                      "the stop string found but the text not cut: it ends with the stop string and what followed"),
+    "stop-window-unclamped": (13, "_check_stop_strings", fl.stop_unclamped,
+                              "the window's start not clamped at 0: early in the output str.find starts from the "
+                              "end and misses the stop string"),
     "stop-last-occurrence": (13, "_check_stop_strings", fl.stop_last_occurrence,
                              "cut at the stop string's last position in the new text, not its first"),
     "row-bias-every-rank": (14, "local_bias", fl.row_bias_every_rank,
@@ -163,6 +169,8 @@ FAULTS = {
                             "the weight cut along the output dimension (and transposed to fit): wrong numbers"),
     "row-shard-reversed": (14, "weight_loader", fl.row_shard_reversed,
                            "shards counted from the end: rank 0 gets the last columns"),
+    "row-reduce-per-token": (14, "forward", fl.row_reduce_per_token,
+                             "all-reduces one token row at a time: the right sums, num_tokens collectives"),
     "row-no-all-reduce": (14, "forward", fl.row_no_all_reduce,
                           "no all-reduce: each rank returns its partial sum"),
     "row-reduce-before-matmul": (14, "forward", fl.row_reduce_before_matmul,

@@ -188,7 +188,10 @@ LABS = {
              ("blocks in another order: no hit", *sc.tokens_check("swapped-blocks", "stop at the first miss",
                                                                   hits="a block is of use only after its whole "
                                                                        "prefix hit: stop at the first miss")),
-             ("preempted tokens = reference", *sc.tokens_check("preempted", "a lookup takes no block"))], "30"),
+             ("preempted: schedule, blocks and tokens = reference",
+              *sc.tokens_check("preempted", "a lookup takes no block", steps="a preempted request is looked up "
+                               "again when it is readmitted: its blocks still cached are hits, and it recomputes "
+                               "only the rest"))], "30"),
     13: Lab(13, "stop strings on incremental text: OutputProcessor._check_stop_strings", "lab13_stop_strings",
             ["_check_stop_strings"], {"_check_stop_strings": [(OutputProcessor, "_check_stop_strings")]},
             [("stop strings: the window, the order, the cut", ust.lab13_unit_observe, ust.lab13_unit_judge),
@@ -199,6 +202,7 @@ LABS = {
             [("weight_loader: each rank its columns", utp.lab14_loader_observe, utp.lab14_loader_judge),
              ("local_bias: the bias once", utp.lab14_bias_observe, utp.lab14_bias_judge),
              ("forward: partial sums, all-reduced", utp.lab14_forward_observe, utp.lab14_forward_judge),
+             ("forward: the collectives each rank performs", utp.lab14_forward_observe, utp.lab14_collectives_judge),
              ("greedy tokens = reference", *sc.tokens_check("greedy", "at tp_size 1: the plain product, no sum"))],
             "30"),
 }
