@@ -93,38 +93,60 @@ def main(argv=None) -> int:
     for n in lab_ids:  # every reference computed (or read and verified) before any submission runs
         references(n, args.timeout, cached=not args.fresh_reference)
     rows, root = [], Path(args.submissions_dir).resolve()
+    skip = (feedback_dir.resolve(), Path(args.csv).resolve())  # the grader's own output may sit in the class folder
     for student in students:
-        notes = [f"Feedback for {student.name}: one section per lab, each check's verdict.", ""]
+        sections, summary = [], []
         for n in lab_ids:
             print(f"== {student.name}, lab {n}")
-            t, lines = time.time(), []
+            t, lines, report = time.time(), [], {}
             folder, source = sources[student.name, n]
 
             def both(line, lines=lines):
                 print(line)
                 lines.append(line)
-            before = _digest(root)
-            passed, total = check_lab(n, folder, source=source, timeout=args.timeout, memory_mb=args.memory_mb,
-                                      out=both, cached=not args.fresh_reference, deny=[root])
-            if _digest(root) != before:  # confine.py refuses every write there; this is the check behind it
-                both(f"FAIL  refused: the class folder {root} changed while your file was graded")
-                passed = 0
-            rows.append([student.name, n, passed, total, f"{passed / total:.2f}", f"{time.time() - t:.1f}"])
-            notes += [f"## lab {n}: {LABS[n].title}", *lines, ""]
-        (feedback_dir / f"{student.name}.txt").write_text("\n".join(notes))
+            if source is None:
+                both(f"FAIL  missing: no {LABS[n].module}.py in {student.name}'s folder")
+                passed, total, report["status"] = 0, len(LABS[n].checks), "missing"
+            else:
+                before = _digest(root, skip)
+                passed, total = check_lab(n, folder, source=source, timeout=args.timeout, memory_mb=args.memory_mb,
+                                          out=both, cached=not args.fresh_reference, deny=[root], report=report)
+                if _digest(root, skip) != before:  # confine.py refuses every write there; this checks behind it
+                    both(f"FAIL  refused: the class folder {root} changed while your file was graded")
+                    passed, report["status"] = 0, "error"
+            rows.append([student.name, n, report["status"], passed, total, f"{passed / total:.2f}",
+                         f"{time.time() - t:.1f}"])
+            summary.append(f"  lab {n:>2}  {passed}/{total} checks  score {passed / total:.2f}  ({report['status']})")
+            sections += [f"## lab {n}: {LABS[n].title}", *lines, ""]
+        (feedback_dir / f"{student.name}.txt").write_text("\n".join(
+            [f"Feedback for {student.name}", "", *summary, "", FEEDBACK_KEY, "", *sections]))
     with open(args.csv, "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["student", "lab", "passed", "total", "score", "seconds"])
+        writer.writerow(["student", "lab", "status", "passed", "total", "score", "seconds"])
         writer.writerows(rows)
     print(f"wrote {args.csv}: {len(students)} students x {len(lab_ids)} labs; feedback in {feedback_dir}/")
     return 0
 
 
-def _digest(root: Path) -> str:
-    """A hash of every file's path and content under the class folder: a change while grading is tampering."""
+FEEDBACK_KEY = """How to read this: one section per lab, one line per check, in the order they ran.
+  ok    the check passed.
+  FAIL  the check failed: "where" says at which step, request or case, "expected" what the reference engine
+        gave, "got" what yours gave, and "hint" which rule of the function's docstring to re-read.
+  skip  not run: an earlier check failed first (run `check N --all` yourself to see them all), or did not
+        finish in time.
+Status: graded (every check ran), missing (no file for the lab), error (the file did not load, or was refused:
+the line says why), timeout (a check ran past the time bound: the lab stopped there).
+Run the same checks yourself with `python -m minivllm.labs check N --submission YOUR_FILE`."""
+
+
+def _digest(root: Path, skip=()) -> str:
+    """A hash of every file's path and content under the class folder (but `skip`): a change while grading is
+    tampering."""
     import hashlib
     digest = hashlib.sha256()
     for path in sorted(root.rglob("*")):
+        if any(path == s or s in path.parents for s in skip):
+            continue
         if path.is_file() and not path.is_symlink():
             digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()

@@ -22,7 +22,7 @@ from minivllm.labs import guard, refcache, student
 from minivllm.labs.errors import LabCheckFailed
 from minivllm.labs.registry import LABS
 from minivllm.labs.sandbox import DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT_S, Sandbox, SandboxDied
-from minivllm.labs.verdicts import _error_text, _Failed, _load_error, _outcome  # noqa: F401 - tests use _error_text
+from minivllm.labs.verdicts import _error_text, _Failed, _load_error, _outcome, _TimedOut  # noqa: F401 - tests
 
 EXERCISES = Path(__file__).parent / "exercises"
 _SANDBOX: Sandbox | None = None
@@ -53,7 +53,7 @@ def read_submission(lab, submission) -> tuple[str, str]:
 
 def check_lab(lab_id: int, submission=None, fault: str | None = None, out=print, first_failure: bool = False,
               timeout: float = DEFAULT_TIMEOUT_S, memory_mb: int = DEFAULT_MEMORY_MB,
-              source: str | None = None, cached: bool = True, deny=()) -> tuple[int, int]:
+              source: str | None = None, cached: bool = True, deny=(), report: dict | None = None) -> tuple[int, int]:
     """Run the checks of one lab in order (unit checks first); print one line per check and the score line last.
     Returns (passed, total).
 
@@ -63,10 +63,15 @@ def check_lab(lab_id: int, submission=None, fault: str | None = None, out=print,
     seconds per check; memory_mb: each grading process's memory bound. cached: read and write the reference
     observations on disk (refcache.py); False recomputes them. deny: folders the submission may not read (`grade`
     passes the class folder; confine.py). The submission runs from a private copy of its file, never in place.
+    report: a dict that gets "status": "graded", "missing" (no file), "error" (it does not load, or was refused)
+    or "timeout" (a grading process ran past `timeout`: the lab ends there, its other checks are not run).
     """
     lab, total = LABS[lab_id], len(LABS[lab_id].checks)
+    report = {} if report is None else report
+    report["status"] = "graded"
 
-    def score(passed: int) -> tuple[int, int]:
+    def score(passed: int, status: str | None = None) -> tuple[int, int]:
+        report["status"] = status or report["status"]
         out(f"lab {lab_id}: {passed}/{total} checks passed  score {passed / total:.2f}")
         return passed, total
     job = {"lab": lab_id, "fault": fault, "timeout": timeout, "memory_mb": memory_mb,
@@ -80,20 +85,23 @@ def check_lab(lab_id: int, submission=None, fault: str | None = None, out=print,
                           else (str(lab_file(lab, submission)), source))
         except (OSError, ValueError) as e:
             out(f"FAIL  loading the submission: {type(e).__name__}: {e}")
-            return score(0)
+            return score(0, "missing" if isinstance(e, FileNotFoundError) else "error")
         job.update(mode="student", path=path, source=text)
         if why := guard.static_refusal(job["source"], lab, path):
             out(f"FAIL  refused: {why}")
-            return score(0)
+            return score(0, "error")
     try:
         _outcome(_run(job, None), "loading the submission", memory_mb, timeout)
     except _Failed as e:
         out(f"FAIL  {e}")
-        return score(0)
+        return score(0, "timeout" if isinstance(e, _TimedOut) else "error")
     if fault is None and submission is None:
         job.update(path=str(lab_file(lab, EXERCISES)), source=lab_file(lab, EXERCISES).read_text())
     passed = failed = 0
     for index, (name, _, judge) in enumerate(lab.checks):
+        if report["status"] == "timeout":
+            out(f"skip  {name} (not run: an earlier check did not finish in time)")
+            continue
         if first_failure and failed:
             out(f"skip  {name} (not run after the first failure: fix that one first, or run every check with --all)")
             continue
@@ -107,10 +115,14 @@ def check_lab(lab_id: int, submission=None, fault: str | None = None, out=print,
             out(f"ok    {name}")
         except LabCheckFailed as e:
             failed += 1
-            out(f"FAIL  {e}")
+            text = str(e) if e.check == name else str(e).replace(f"check {e.check!r} failed", f"check {name!r} "
+                                                                 f"failed (at check {e.check!r})", 1)
+            out(f"FAIL  {text}")  # the check's own name first, as on its "ok" line and in the summary
         except _Failed as e:
             failed += 1
             out(f"FAIL  {e}")
+            if isinstance(e, _TimedOut):
+                report["status"] = "timeout"
     return score(passed)
 
 

@@ -9,6 +9,10 @@ class _Failed(Exception):
     """A check that failed for a reason other than its judge: the process crashed, hung, raised."""
 
 
+class _TimedOut(_Failed):
+    """The grading process did not finish within the time bound: the rest of the lab is not run."""
+
+
 def _load_error(answer: dict) -> dict | None:
     try:
         payload = json.loads(answer.get("payload") or "null")
@@ -23,7 +27,7 @@ def _outcome(answer: dict, what: str, memory_mb: int, timeout: float) -> dict:
     if status == "helper-died":
         raise _Failed(f"{what}: {answer['detail']}; a submission must not signal or kill other processes")
     if status == "timeout":
-        raise _Failed(f"{what}: did not finish within {timeout:g} s (an endless loop? the time bound is --timeout)")
+        raise _TimedOut(f"{what}: did not finish within {timeout:g} s (an endless loop? the time bound is --timeout)")
     if status == "too-large":
         raise _Failed(f"{what}: sent back more than 32 MB")
     if answer.get("left_running"):
