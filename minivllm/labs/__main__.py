@@ -10,7 +10,10 @@ from pathlib import Path
 
 
 def main(argv=None) -> int:
-    from minivllm.labs.faults import FAULTS
+    try:
+        from minivllm.labs.faults import FAULTS
+    except ImportError:  # a student edition (release.py) has no faults
+        FAULTS = {}
     from minivllm.labs.registry import LABS
     parser = argparse.ArgumentParser(prog="python -m minivllm.labs", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -21,6 +24,9 @@ def main(argv=None) -> int:
     p_student = sub.add_parser("student", help="write the handout: a page per lab, stubs (no solutions, no hidden "
                                "tests), notebooks without answers")
     p_student.add_argument("dir", help="folder to write README.md, labs/, exercises/ and notebooks/ into")
+    p_release = sub.add_parser("release", help="instructors: write the student edition (the engine without the "
+                               "answers, the handout; pip-installable) into a new folder")
+    p_release.add_argument("dir")
     p_check = sub.add_parser("check", help="grade one lab (our reference when no submission is given)")
     p_check.add_argument("n", type=int, help=f"lab number: one of {sorted(LABS)}")
     p_check.add_argument("--submission", help="a student's exercise file, or a folder holding it")
@@ -49,6 +55,15 @@ def main(argv=None) -> int:
                 print()
             for f in faults:
                 print(f"fault {f['name']:<22} lab {f['lab']}  {f['what it breaks']}")
+        return 0
+    if args.command == "release":
+        from minivllm.labs.grader import EXERCISES
+        from minivllm.labs.release import release
+        try:
+            written = release(args.dir, LABS, EXERCISES, Path(__file__).resolve().parents[2] / "notebooks")
+        except ValueError as e:
+            parser.error(str(e))
+        print("\n".join(str(p) for p in written))
         return 0
     if args.command == "student":
         from minivllm.labs.grader import EXERCISES

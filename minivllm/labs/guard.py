@@ -20,6 +20,7 @@ import types
 
 REFUSED = "refused: "
 _DYNAMIC = {"importlib", "runpy", "__import__"}
+_LABREF = {"_labref", "_minivllm_labref"}
 
 
 def forbidden_names(lab) -> set[str]:
@@ -49,6 +50,9 @@ def static_refusal(source: str, lab, filename: str = "<submission>") -> str | No
                 if alias.name in names:
                     return (f"line {line}: `from {module} import {alias.name}`: {alias.name} is the engine's own "
                             f"function this lab asks you to write")
+        elif isinstance(node, ast.Attribute) and node.attr in _LABREF or isinstance(node, ast.Name) and \
+                node.id in _LABREF:
+            return f"line {line}: `{getattr(node, 'attr', None) or node.id}`: {_module_refusal('_labref')}"
         elif isinstance(node, ast.Attribute) and node.attr in names:
             return (f"line {line}: `.{node.attr}`: that is the engine's own function this lab asks you to write; "
                     f"write it yourself")
@@ -64,6 +68,8 @@ def _is_name(node, name: str) -> bool:
 
 
 def _module_refusal(module: str) -> str | None:
+    if module.split(".")[-1] in _LABREF:
+        return "the compiled reference solutions (a student edition's _labref) are the grader's, not yours"
     if module == "minivllm.labs" or module.startswith("minivllm.labs."):
         return ("a submission may not import the labs package (the grader, its checks and the reference "
                 "solutions live there)")

@@ -31,6 +31,7 @@ def run_job(job: dict) -> dict:
         if mode == "student":
             if "scratch" in job:  # in the sandbox's grading process: confined from here on (confine.py)
                 confine.python_guard(job["scratch"], job["deny"])
+            _forget_answers(lab)
             guard.install_tripwires(lab, tripped)
         functions = _load(lab, job, filename)
     except BaseException as e:  # noqa: BLE001 - whatever the file raised is reported, never re-raised here
@@ -57,6 +58,17 @@ def run_job(job: dict) -> dict:
     if mode == "student" and (why := _refusal(lab, functions, filename, tripped)):
         return {"refused": why}
     return {"obs": obs, "calls": {n: calls[n] for n in lab.functions}, "error": error}
+
+
+def _forget_answers(lab) -> None:
+    """In a student edition (release.py), drop this lab's compiled references from this process: the checks patch
+    the submission's functions in, so nothing calls them, and the submission cannot reach them."""
+    try:
+        from minivllm import _labref
+    except ImportError:
+        return  # the instructor's tree: the references are the engine's source
+    from minivllm.labs.release import lab_keys
+    _labref.forget(lab_keys(lab))
 
 
 def _refusal(lab, functions: dict, filename: str, tripped: list) -> str | None:
