@@ -192,7 +192,7 @@ def _child(job: dict, w: int, r: int, out, own_fds: tuple) -> None:
         resource.setrlimit(resource.RLIMIT_FSIZE, (16 << 20, 16 << 20))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         os.chdir(job["scratch"])
-        os.environ["TMPDIR"] = tempfile.tempdir = job["scratch"]
+        tempfile.tempdir = job["scratch"]  # temporary files of the job go in its scratch folder too
         if job["mode"] == "student":
             _confine(job)
         from minivllm.labs.harness import run_job
