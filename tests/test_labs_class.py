@@ -25,7 +25,8 @@ HONEST = textwrap.dedent('''
 ''')
 
 CLASS = {"alice": HONEST,
-         "bob_stub": '\ndef hash_block_tokens(parent_block_hash, curr_block_token_ids):\n    raise NotImplementedError\n',
+         "bob_stub": "\ndef hash_block_tokens(parent_block_hash, curr_block_token_ids):\n"
+                     "    raise NotImplementedError\n",
          "carl_missing": None,
          "dora_broken": "def hash_block_tokens(parent, tokens)\n    return b''\n",  # a syntax error
          "erin_endless": "while True:\n    pass\n" + HONEST}
