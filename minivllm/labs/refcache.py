@@ -9,8 +9,9 @@ the engine or to a check gives a new fingerprint, so a stale reference is never 
 
 Every file is signed (HMAC-SHA256 over the fingerprint, the lab, the check and the observation) with a key kept
 in `labs-reference.key` beside that folder (created once, readable by its owner only); `load` returns None for a
-file whose signature does not verify, and the grader recomputes it. A submission cannot read the key or write the folder
-(confine.py denies both to every grading process), so it cannot forge a reference another student is judged by.
+file whose signature does not verify, and the grader recomputes it. A submission cannot read the key or write the
+folder (confine.py denies both to every grading process), so it cannot forge a reference another student is judged
+by.
 
 Old fingerprints' folders are pruned on write (`prune`): the KEEP most recently used ones stay (a load touches
 its folder), the others are renamed to a hidden name, then deleted. A grader still reading a pruned folder
