@@ -131,6 +131,8 @@ FAULTS = {
                                  "num_tokens instead of num_tokens_with_spec: drafts never scheduled, no speed-up"),
     "new-tokens-admit-overflow": (11, "_num_new_tokens", fp.new_tokens_admit_overflow,
                                   "without chunked prefill a prompt that does not fit is admitted whole anyway"),
+    "new-tokens-strict-fit": (11, "_num_new_tokens", fp.new_tokens_strict_fit,
+                              "without chunked prefill, a prompt that fits the budget left exactly waits a step"),
     "new-tokens-model-len-off-by-one": (11, "_num_new_tokens", fp.new_tokens_model_len_off_by_one,
                                         "clamp at max_model_len - computed: a draft scheduled at the last position"),
     "prefix-skips-holes": (12, "get_computed_blocks", fl.prefix_skips_holes,

@@ -132,14 +132,15 @@ def ngram_self_match(self, token_ids):
 
 # -- lab 11 -----------------------------------------------------------------------------------------------
 def new_tokens(self, request, token_budget, num_computed_tokens=None, *, clamp=True, threshold_always=False,
-               drafts=True, admit_whole=False, last_position=1):
+               drafts=True, admit_whole=False, last_position=1, strict_fit=False):
     admitting = num_computed_tokens is not None
     start = num_computed_tokens if admitting else request.num_computed_tokens
     known = request.num_tokens if admitting or not drafts else request.num_tokens_with_spec
     wanted, cfg = known - start, self.scheduler_config
     if (cfg.enable_chunked_prefill or threshold_always) and cfg.long_prefill_token_threshold > 0:
         wanted = min(wanted, cfg.long_prefill_token_threshold)
-    if admitting and not cfg.enable_chunked_prefill and wanted > token_budget:
+    if admitting and not cfg.enable_chunked_prefill and (wanted >= token_budget if strict_fit else
+                                                         wanted > token_budget):
         return wanted if admit_whole else 0
     return min(wanted, token_budget if clamp else wanted, self.max_model_len - last_position - start)
 
@@ -162,6 +163,11 @@ def new_tokens_ignore_drafts(self, request, token_budget, num_computed_tokens=No
 def new_tokens_admit_overflow(self, request, token_budget, num_computed_tokens=None):
     """Without chunked prefill, admits a prompt whole although it does not fit: the step's budget is exceeded."""
     return new_tokens(self, request, token_budget, num_computed_tokens, admit_whole=True)
+
+
+def new_tokens_strict_fit(self, request, token_budget, num_computed_tokens=None):
+    """Without chunked prefill, admits a prompt only when it is shorter than the budget left: an exact fit waits."""
+    return new_tokens(self, request, token_budget, num_computed_tokens, strict_fit=True)
 
 
 def new_tokens_model_len_off_by_one(self, request, token_budget, num_computed_tokens=None):

@@ -126,6 +126,8 @@ PROVES = {
     "scheduled for each request at each step and the tokens equal the reference's",
     "no chunked prefill: schedule = reference": "the same without chunked prefill (budget 12, a threshold of 4 "
     "it must ignore): the third prompt waits, then comes in whole",
+    "no chunked prefill, an exact fit: schedule = reference": "prompts of 4 and 8 tokens in a budget of 12 without "
+    "chunked prefill: the second fills the budget exactly and comes in the same step",
     "up to max_model_len: schedule = reference": "the same with requests running to max_model_len (64) with drafts, "
     "and a preemption",
     "lookup: the longest cached prefix, capped": "7 cases at block sizes 4, 8 and 16: prompts cached whole (a "

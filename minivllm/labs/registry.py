@@ -174,6 +174,10 @@ LABS = {
              ("no chunked prefill: schedule = reference",
               *ss.spec_check("unchunked", "no chunked prefill: schedule = reference", "without chunked prefill a "
                              "prompt is admitted whole, when it fits the budget left", "schedule")),
+             ("no chunked prefill, an exact fit: schedule = reference",
+              *ss.spec_check("exact-fit", "no chunked prefill, an exact fit: schedule = reference", "without "
+                             "chunked prefill a prompt whose rest equals the budget left fits: it is admitted whole "
+                             "in that step", "schedule")),
              ("up to max_model_len: schedule = reference",
               *ss.spec_check("to-max-model-len", "up to max_model_len: schedule = reference", "drafts are "
                              "scheduled like other tokens, never at position max_model_len - 1", "schedule"))],

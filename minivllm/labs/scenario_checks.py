@@ -73,7 +73,7 @@ def tokens_check(kind: str, hint: str, hits: str | None = None, steps: str | Non
 
 
 def _same_steps(kind: str, ref: dict, obs: dict, hint: str) -> None:
-    for key, what in (("schedule", "tokens scheduled"), ("held", "block ids held after the step")):
+    for key, what in (("scheduled", "tokens scheduled"), ("held", "block ids held after the step")):
         for step, (exp, got) in enumerate(zip(ref[key], obs.get(key) or []), 1):
             if exp != got:
                 exp, got = dict(map(tuple, exp)), dict(map(tuple, got))
