@@ -92,7 +92,7 @@ def test_a_generate_loop_that_never_ends_fails_at_the_step_bound(tmp_path):
     lines = []
     passed, _ = check_lab(1, _submit(tmp_path, 1, source), out=lines.append, first_failure=True)
     text = "\n".join(lines)
-    assert passed == 0 and "check 'terminates' failed" in text and "did not finish within" not in text, text
+    assert passed == 0 and "(at check 'terminates')" in text and "did not finish within" not in text, text
 
 
 def test_an_error_points_at_the_deepest_line_of_the_students_file(tmp_path):
