@@ -1,4 +1,4 @@
-"""`python -m minivllm.labs`: list the labs and faults, write student copies, check one lab, grade a class."""
+"""`python -m minivllm.labs`: list the labs, write the handout or the student edition, check one lab, grade a class."""
 from __future__ import annotations
 
 import argparse
