@@ -144,10 +144,10 @@ def main(argv=None) -> int:
 
 
 FEEDBACK_KEY = """How to read this: one section per lab, one line per check, in the order they ran.
-  ok    the check passed.
-  FAIL  the check failed: "where" says at which step, request or case, "expected" what the reference engine
+  ok:   the check passed.
+  FAIL: the check failed: "where" says at which step, request or case, "expected" what the reference engine
         gave, "got" what yours gave, and "hint" which rule of the function's docstring to re-read.
-  skip  not run: an earlier check failed first (run `check N --all` yourself to see them all), or did not
+  skip: not run: an earlier check failed first (run `check N --all` yourself to see them all), or did not
         finish in time.
 Status: graded (every check ran), missing (no file for the lab), error (the file did not load, or was refused:
 the line says why), timeout (a check ran past the time bound: the lab stopped there).
