@@ -104,6 +104,8 @@ CAUGHT_BY = {
     "reject-resample-from-p": (_RANDOM9, "vocab 5, temperature 1, 3000 requests with drafts [1, 4]: counts of output "
                                "token 0"),
     "reject-global-rng": ("random: every request on its own generator", "in a batch of 40 then in the reverse order"),
+    "reject-draw-for-greedy": ("random: the exact random stream of each request",
+                               "(unseeded: the engine's generator"),
     "reject-argmax-for-random": (_RANDOM9, "vocab 5, temperature 1, 3000 requests with drafts [1, 4]: counts of "
                                  "output token 0"),
     "ngram-last-occurrence": (_MATCH10, "two earlier occurrences"),
@@ -115,6 +117,7 @@ CAUGHT_BY = {
     "new-tokens-threshold-unchunked": (_ADMIT11, "no chunked prefill, a threshold of 8:"),
     "new-tokens-ignore-drafts": (_RUNNING11, "a decode with 3 drafts:"),
     "new-tokens-admit-overflow": (_ADMIT11, "no chunked prefill: the prompt does not fit:"),
+    "new-tokens-strict-fit": ("no chunked prefill, an exact fit: schedule = reference", "tokens scheduled"),
     "new-tokens-model-len-off-by-one": (_RUNNING11, "3 drafts, two positions from max_model_len:"),
     "prefix-skips-holes": (_LOOKUP12, "block 1 evicted"),
     "prefix-no-cap": (_LOOKUP12, "a multiple of block_size"),
@@ -122,15 +125,18 @@ CAUGHT_BY = {
     "prefix-reads-for-logprobs": (_LOOKUP12, "asks for prompt logprobs"),
     "prefix-touches": ("lookup: nothing taken, the pool unchanged", "ref_cnt of every block"),
     "prefix-counts-blocks": (_LOOKUP12, "num_computed_tokens"),
+    "prefix-not-after-preemption": ("preempted: tokens scheduled = reference", "tokens scheduled"),
     "stop-new-chars-only": (_STOP13, "the docstring's example:"),
     "stop-whole-text": (_STOP13, "an older match"),
     "stop-never-kept": (_STOP13, "the docstring's example, kept"),
     "stop-earliest-in-text": (_STOP13, "two stop strings"),
     "stop-not-cut": (_STOP13, "output_text after the call"),
     "stop-last-occurrence": (_STOP13, "twice in the new characters"),
+    "stop-window-unclamped": (_STOP13, "the whole text new, a stop string at its start"),
     "row-bias-every-rank": ("local_bias: the bias once", "rank 1"),
     "row-shard-wrong-dim": ("weight_loader: each rank its columns", "a square weight, tp 2"),
     "row-shard-reversed": ("weight_loader: each rank its columns", "rank 0"),
+    "row-reduce-per-token": ("forward: the collectives each rank performs", "its collectives in order"),
     "row-no-all-reduce": (_FORWARD14, "forward output"),
     "row-reduce-before-matmul": (_FORWARD14, "forward output"),
 }
@@ -143,14 +149,17 @@ HINTED = {"pack-block-size-4": "not a constant 4", "hash-tokens-first": "parent'
           "reject-no-break": "no draft after it", "reject-always-bonus": "only when every draft was kept",
           "reject-row-off-by-one": "none for a bonus token", "reject-resample-from-p": "residual",
           "reject-argmax-for-random": "greedy rows only", "reject-global-rng": "md.generators[r]",
+          "reject-draw-for-greedy": "a greedy row draws no random number",
           "ngram-last-occurrence": "earliest occurrence", "ngram-shortest-first": "longest n first",
           "ngram-slice-off-by-one": "start + n", "ngram-self-match": "ends before the last token",
           "ngram-ignores-max-model-len": "max_model_len - len", "new-tokens-ignore-drafts": "num_tokens_with_spec",
           "new-tokens-threshold-unchunked": "only when chunked prefill is on",
           "new-tokens-admit-overflow": "whole or not at all", "new-tokens-model-len-off-by-one": "max_model_len - 1",
-          "new-tokens-no-budget-clamp": "token_budget", "prefix-skips-holes": "first block that misses",
+          "new-tokens-no-budget-clamp": "token_budget",
+          "new-tokens-strict-fit": "equals the budget left fits", "prefix-skips-holes": "first block that misses",
           "prefix-no-cap": "num_tokens - 1", "prefix-reads-for-logprobs": "skip_reading_prefix_cache",
           "prefix-touches": "look up only", "prefix-counts-blocks": "whole blocks",
+          "prefix-not-after-preemption": "looked up again when it is readmitted",
           "stop-new-chars-only": "start in the old text", "stop-whole-text": "does not count",
           "stop-never-kept": "cut after it", "stop-earliest-in-text": "list order", "stop-not-cut": "cut output_text",
           "stop-last-occurrence": "first position", "row-bias-every-rank": "only rank 0",
@@ -180,7 +189,7 @@ def test_every_lab_has_four_faults_and_every_fault_is_pinned():
 def test_a_different_chaining_gives_wrong_hits_in_the_engine(fault, scenario):
     """Past the digest check: the engine scenario sees the wrong prefix-cache hit itself."""
     _, _, lines = _grade(7, fault=fault)
-    failure = next((line for line in lines if line.startswith(f"FAIL  check '{scenario}: prefix-cache hits")), lines)
+    failure = next((line for line in lines if f"check '{scenario}: prefix-cache hits" in line), lines)
     assert "num_cached_tokens" in failure and ("expected: 8" in failure or "expected: 0" in failure), failure
 
 
@@ -250,18 +259,29 @@ def _cli(*args):
 
 
 def test_list_json_shape():
-    result = _cli("list", "--json")
+    result = _cli("list", "--json", "--faults")
     data = json.loads(result.stdout)
     assert [lab["id"] for lab in data["labs"]] == sorted(LABS) and all("title" in lab for lab in data["labs"])
     assert len(data["faults"]) >= 8
     assert all(set(f) == {"name", "lab", "what it breaks"} for f in data["faults"])
 
 
+def test_students_see_no_fault_and_instructors_see_them_all():
+    """Issue 47: `list` (what `make lab` prints), `list --json` and `check --help` name no fault; `list --faults`
+    names every one."""
+    from minivllm.labs.faults import FAULTS
+    student = _cli("list").stdout + _cli("list", "--json").stdout + _cli("check", "--help").stdout
+    assert not [name for name in FAULTS if name in student], student
+    assert not [f[3] for f in FAULTS.values() if f[3][:40] in student]
+    instructor = _cli("list", "--faults").stdout
+    assert all(name in instructor for name in FAULTS)
+
+
 def test_bad_lab_and_unknown_fault_exit_2():
     bad = _cli("check", "99")
     assert bad.returncode == 2 and "choose one of" in bad.stderr
     unknown = _cli("check", "2", "--inject", "no-such-fault")
-    assert unknown.returncode == 2 and "preempt-append" in unknown.stderr
+    assert unknown.returncode == 2 and "list --faults" in unknown.stderr and "preempt-append" not in unknown.stderr
 
 
 def test_grade_writes_one_row_per_student_and_lab_and_feedback(tmp_path, student_dir):

@@ -1,4 +1,4 @@
-"""`python -m minivllm.labs`: list the labs and faults, write student copies, check one lab, grade a class."""
+"""`python -m minivllm.labs`: list the labs, write the handout or the student edition, check one lab, grade a class."""
 from __future__ import annotations
 
 import argparse
@@ -10,19 +10,28 @@ from pathlib import Path
 
 
 def main(argv=None) -> int:
-    from minivllm.labs.faults import FAULTS
+    try:
+        from minivllm.labs.faults import FAULTS
+    except ImportError:  # a student edition (release.py) has no faults
+        FAULTS = {}
     from minivllm.labs.registry import LABS
     parser = argparse.ArgumentParser(prog="python -m minivllm.labs", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    p_list = sub.add_parser("list", help="name every lab and fault")
-    p_list.add_argument("--json", action="store_true", help='print {"labs": [...], "faults": [...]}')
+    p_list = sub.add_parser("list", help="name every lab")
+    p_list.add_argument("--json", action="store_true", help='print {"labs": [...]} (with --faults, "faults" too)')
+    p_list.add_argument("--faults", action="store_true", help="instructors: also the common mistakes (faults) "
+                        "each lab's checks must catch; not for students")
     p_student = sub.add_parser("student", help="write the handout: a page per lab, stubs (no solutions, no hidden "
                                "tests), notebooks without answers")
     p_student.add_argument("dir", help="folder to write README.md, labs/, exercises/ and notebooks/ into")
+    p_release = sub.add_parser("release", help="instructors: write the student edition (the engine without the "
+                               "answers, the handout; pip-installable) into a new folder")
+    p_release.add_argument("dir")
     p_check = sub.add_parser("check", help="grade one lab (our reference when no submission is given)")
     p_check.add_argument("n", type=int, help=f"lab number: one of {sorted(LABS)}")
     p_check.add_argument("--submission", help="a student's exercise file, or a folder holding it")
-    p_check.add_argument("--inject", metavar="FAULT", help=f"switch a named fault on: one of {sorted(FAULTS)}")
+    p_check.add_argument("--inject", metavar="FAULT", help="instructors: switch a named fault on (`list --faults` "
+                         "names them)")
     p_check.add_argument("--all", action="store_true", help="run every check (default: stop at the first failure)")
     _bounds(p_check)
     p_grade = sub.add_parser("grade", help="grade a class: one subfolder per student, one CSV row per student and lab")
@@ -36,15 +45,25 @@ def main(argv=None) -> int:
 
     if args.command == "list":
         labs = [{"id": lab.id, "title": lab.title} for lab in LABS.values()]
-        faults = [{"name": n, "lab": f[0], "what it breaks": f[3]} for n, f in FAULTS.items()]
+        faults = [{"name": n, "lab": f[0], "what it breaks": f[3]} for n, f in FAULTS.items()] if args.faults else []
         if args.json:
-            print(json.dumps({"labs": labs, "faults": faults}, indent=1))
+            print(json.dumps({"labs": labs, **({"faults": faults} if args.faults else {})}, indent=1))
         else:
             for lab in LABS.values():
                 print(f"lab {lab.id}  {lab.title}  ({lab.module}.py, about {lab.minutes} min)")
-            print()
+            if faults:
+                print()
             for f in faults:
                 print(f"fault {f['name']:<22} lab {f['lab']}  {f['what it breaks']}")
+        return 0
+    if args.command == "release":
+        from minivllm.labs.grader import EXERCISES
+        from minivllm.labs.release import release
+        try:
+            written = release(args.dir, LABS, EXERCISES, Path(__file__).resolve().parents[2] / "notebooks")
+        except ValueError as e:
+            parser.error(str(e))
+        print("\n".join(str(p) for p in written))
         return 0
     if args.command == "student":
         from minivllm.labs.grader import EXERCISES
@@ -59,7 +78,7 @@ def main(argv=None) -> int:
         if args.n not in LABS:
             parser.error(f"no lab {args.n}: choose one of {sorted(LABS)}")
         if args.inject is not None and args.inject not in FAULTS:
-            parser.error(f"unknown fault {args.inject!r}: choose one of {sorted(FAULTS)}")
+            parser.error(f"unknown fault {args.inject!r}: `python -m minivllm.labs list --faults` names them")
         if args.inject is not None and FAULTS[args.inject][0] != args.n:
             parser.error(f"fault {args.inject!r} belongs to lab {FAULTS[args.inject][0]}, not lab {args.n}")
         passed, total = check_lab(args.n, args.submission, args.inject, timeout=args.timeout,
@@ -85,28 +104,67 @@ def main(argv=None) -> int:
     feedback_dir = Path(args.feedback) if args.feedback else Path(args.csv).with_name(Path(args.csv).stem +
                                                                                        "_feedback")
     feedback_dir.mkdir(parents=True, exist_ok=True)
-    rows = []
+    from minivllm.labs.grader import references
+    for n in lab_ids:  # every reference computed (or read and verified) before any submission runs
+        references(n, args.timeout, cached=not args.fresh_reference)
+    rows, root = [], Path(args.submissions_dir).resolve()
+    skip = (feedback_dir.resolve(), Path(args.csv).resolve())  # the grader's own output may sit in the class folder
     for student in students:
-        notes = [f"Feedback for {student.name}: one section per lab, each check's verdict.", ""]
+        sections, summary = [], []
         for n in lab_ids:
             print(f"== {student.name}, lab {n}")
-            t, lines = time.time(), []
+            t, lines, report = time.time(), [], {}
             folder, source = sources[student.name, n]
 
             def both(line, lines=lines):
                 print(line)
                 lines.append(line)
-            passed, total = check_lab(n, folder, source=source, timeout=args.timeout, memory_mb=args.memory_mb,
-                                      out=both, cached=not args.fresh_reference)
-            rows.append([student.name, n, passed, total, f"{passed / total:.2f}", f"{time.time() - t:.1f}"])
-            notes += [f"## lab {n}: {LABS[n].title}", *lines, ""]
-        (feedback_dir / f"{student.name}.txt").write_text("\n".join(notes))
+            if source is None:
+                both(f"FAIL  missing: no {LABS[n].module}.py in {student.name}'s folder")
+                passed, total, report["status"] = 0, len(LABS[n].checks), "missing"
+            else:
+                before = _digest(root, skip)
+                passed, total = check_lab(n, folder, source=source, timeout=args.timeout, memory_mb=args.memory_mb,
+                                          out=both, cached=not args.fresh_reference, deny=[root], report=report)
+                if _digest(root, skip) != before:  # confine.py refuses every write there; this checks behind it
+                    both(f"FAIL  refused: the class folder {root} changed while your file was graded")
+                    passed, report["status"] = 0, "error"
+            rows.append([student.name, n, report["status"], passed, total, f"{passed / total:.2f}",
+                         f"{time.time() - t:.1f}"])
+            summary.append(f"  lab {n:>2}  {passed}/{total} checks  score {passed / total:.2f}  ({report['status']})")
+            sections += [f"## lab {n}: {LABS[n].title}", *lines, ""]
+        (feedback_dir / f"{student.name}.txt").write_text("\n".join(
+            [f"Feedback for {student.name}", "", *summary, "", FEEDBACK_KEY, "", *sections]))
     with open(args.csv, "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["student", "lab", "passed", "total", "score", "seconds"])
+        writer.writerow(["student", "lab", "status", "passed", "total", "score", "seconds"])
         writer.writerows(rows)
     print(f"wrote {args.csv}: {len(students)} students x {len(lab_ids)} labs; feedback in {feedback_dir}/")
     return 0
+
+
+FEEDBACK_KEY = """How to read this: one section per lab, one line per check, in the order they ran.
+  ok:   the check passed.
+  FAIL: the check failed: "where" says at which step, request or case, "expected" what the reference engine
+        gave, "got" what yours gave, and "hint" which rule of the function's docstring to re-read.
+  skip: not run: an earlier check failed first (run `check N --all` yourself to see them all), or did not
+        finish in time.
+Status: graded (every check ran), missing (no file for the lab), error (the file did not load, or was refused:
+the line says why), timeout (a check ran past the time bound: the lab stopped there).
+Run the same checks yourself with `python -m minivllm.labs check N --submission YOUR_FILE`."""
+
+
+def _digest(root: Path, skip=()) -> str:
+    """A hash of every file's path and content under the class folder (but `skip`): a change while grading is
+    tampering."""
+    import hashlib
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*")):
+        if any(path == s or s in path.parents for s in skip):
+            continue
+        if path.is_file() and not path.is_symlink():
+            digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
 
 
 def _bounds(parser) -> None:

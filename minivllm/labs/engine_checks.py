@@ -150,7 +150,8 @@ def check_invariants(snap: dict, step: int) -> None:
 
 def run(llm, prompts, params: SamplingParams, obs: dict) -> dict:
     """Drive the engine step by step (at most MAX_STEPS), filling `obs` as it goes: "snapshots" (one per
-    step), then "tokens", "steps", "preemptions", "victims" [(step, request index)], "terminated", "final_free".
+    step), then "tokens", "steps", "preemptions", "victims" [(step, request index)], "terminated", "final_free",
+    "scheduled" and "held" (per step, [request index, tokens scheduled] and [request index, its block ids]).
     A run stops early at the first snapshot that breaks an invariant (the grader's process judges it)."""
     engine, sched = llm.llm_engine, scheduler_of(llm)
     outputs_seen, original_schedule = [], sched.schedule
@@ -185,6 +186,9 @@ def run(llm, prompts, params: SamplingParams, obs: dict) -> dict:
         sched.schedule = original_schedule
     obs["victims"] = [[n, ids.index(r)] for n, out in enumerate(outputs_seen, 1)
                       for r in sorted(out.preempted_req_ids) if r in ids]  # (step, request index) of each preemption
+    obs["scheduled"] = [sorted([ids.index(r), int(n)] for r, n in out.num_scheduled_tokens.items() if r in ids)
+                       for out in outputs_seen]  # per step [request index, tokens scheduled]
+    obs["held"] = [sorted([ids.index(r), b] for r, b in snap["blocks"].items() if r in ids) for snap in snaps]
     obs["tokens"] = [list(finished[r].outputs[0].token_ids) if r in finished else None for r in ids]
     obs["hits"] = [finished[r].num_cached_tokens if r in finished else None for r in ids]
     obs["preemptions"] = sched.num_preemptions - preemptions0

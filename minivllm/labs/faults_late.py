@@ -12,8 +12,11 @@ from minivllm.models.linear import default_weight_loader
 
 
 # -- lab 12 -----------------------------------------------------------------------------------------------
-def lookup(self, request, *, holes=False, capped=True, cap_tokens=False, skip=True, touch=False, per_block=True):
+def lookup(self, request, *, holes=False, capped=True, cap_tokens=False, skip=True, touch=False, per_block=True,
+           fresh_only=False):
     if not self.enable_caching or (skip and request.skip_reading_prefix_cache):
+        return [], 0
+    if fresh_only and request.num_output_tokens > 0:
         return [], 0
     max_num_blocks = (request.num_tokens - (1 if capped and not cap_tokens else 0)) // self.block_size
     blocks = []
@@ -55,19 +58,25 @@ def prefix_touches(self, request):
     return lookup(self, request, touch=True)
 
 
+def prefix_not_after_preemption(self, request):
+    """Looks up only requests that have no output yet: a preempted request recomputes blocks still cached."""
+    return lookup(self, request, fresh_only=True)
+
+
 def prefix_counts_blocks(self, request):
     """Returns the number of blocks as num_computed_tokens, not blocks * block_size."""
     return lookup(self, request, per_block=False)
 
 
 # -- lab 13 -----------------------------------------------------------------------------------------------
-def stop_strings(state, delta, *, window=True, old_text=False, keep=None, earliest=False, cut=True, last=False):
+def stop_strings(state, delta, *, window=True, old_text=False, keep=None, earliest=False, cut=True, last=False,
+                 clamp=True):
     if not delta or not state.params.stop:
         return None
     detok, found = state.detokenizer, []
     for stop in state.params.stop:
         start = len(detok.output_text) - len(delta) - (len(stop) - 1 if window else 0)
-        start = 0 if old_text else max(0, start)
+        start = 0 if old_text else max(0, start) if clamp else start
         index = detok.output_text.rfind(stop, start) if last else detok.output_text.find(stop, start)
         if index != -1:
             found.append((index, stop))
@@ -97,6 +106,7 @@ stop_never_kept = _stop_fault(keep=False)  # include_stop_str_in_output ignored
 stop_earliest_in_text = _stop_fault(earliest=True)  # the earliest match in the text, not the first in the list
 stop_not_cut = _stop_fault(cut=False)  # found, but the text not cut
 stop_last_occurrence = _stop_fault(last=True)  # the last occurrence in the window
+stop_unclamped = _stop_fault(clamp=False)  # a negative window start: str.find counts it from the end
 
 
 # -- lab 14 -----------------------------------------------------------------------------------------------
@@ -109,14 +119,24 @@ def row_loader(self, param, loaded_weight, shard_id=None, *, dim=1, reverse=Fals
     default_weight_loader(param, part if dim == 1 else part.t())
 
 
-def row_forward(self, x, *, reduce=True, reduce_first=False):
+def row_forward(self, x, *, reduce=True, reduce_first=False, per_token=False):
     if reduce_first and self.reduce_results and self.tp_size > 1:
         x = tensor_model_parallel_all_reduce(x)
     output = self.matmul(x)
+    if per_token and self.reduce_results and self.tp_size > 1:
+        for t in range(output.shape[0]):
+            output[t:t + 1] = tensor_model_parallel_all_reduce(output[t:t + 1].clone())
+        get_tp_group().label(self.prefix)
+        return output, None
     if reduce and not reduce_first and self.reduce_results and self.tp_size > 1:
         output = tensor_model_parallel_all_reduce(output)
         get_tp_group().label(self.prefix)
     return output, None
+
+
+def row_reduce_per_token(self, x):
+    """All-reduces the output one token row at a time: the right sum, num_tokens collectives instead of one."""
+    return row_forward(self, x, per_token=True)
 
 
 def row_bias_every_rank(self):

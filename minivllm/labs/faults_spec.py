@@ -15,7 +15,7 @@ from minivllm.sample.sampler import Sampler
 
 # -- lab 9 ------------------------------------------------------------------------------------------------
 def rejection(self, draft_token_ids, target_logits, bonus_token_ids, md, *, breaks=True, always_bonus=False,
-              row_gap=0, row_shift=0, residual=True, own_generator=True, argmax_only=False):
+              row_gap=0, row_shift=0, residual=True, own_generator=True, argmax_only=False, draw_first=False):
     logits = target_logits.float()
     probs = Sampler.compute_probs(logits, md)
     outputs, first_row = [], 0
@@ -23,12 +23,14 @@ def rejection(self, draft_token_ids, target_logits, bonus_token_ids, md, *, brea
         tokens, rejected = [], False
         for j, draft in enumerate(drafts):
             r = first_row + j + row_shift
+            if draw_first:  # u drawn before the row's temperature is looked at: a greedy row draws one too
+                u = torch.rand(1, generator=md.generators[r]).item()
             if argmax_only or md.temperature[r].item() == 0:
                 token = int(logits[r].argmax())
                 kept = token == draft
             else:
                 generator = md.generators[r] if own_generator else None
-                kept = torch.rand(1, generator=generator).item() < probs[r, draft].item()
+                kept = (u if draw_first else torch.rand(1, generator=generator).item()) < probs[r, draft].item()
                 if not kept:
                     p = probs[r].clone()
                     if residual:
@@ -44,6 +46,11 @@ def rejection(self, draft_token_ids, target_logits, bonus_token_ids, md, *, brea
         outputs.append(tokens)
         first_row += len(drafts) + row_gap
     return outputs
+
+
+def reject_draw_for_greedy(self, draft_token_ids, target_logits, bonus_token_ids, md):
+    """Draws u for every draft before looking at the temperature: greedy rows consume random numbers too."""
+    return rejection(self, draft_token_ids, target_logits, bonus_token_ids, md, draw_first=True)
 
 
 def reject_no_break(self, draft_token_ids, target_logits, bonus_token_ids, md):
@@ -125,14 +132,15 @@ def ngram_self_match(self, token_ids):
 
 # -- lab 11 -----------------------------------------------------------------------------------------------
 def new_tokens(self, request, token_budget, num_computed_tokens=None, *, clamp=True, threshold_always=False,
-               drafts=True, admit_whole=False, last_position=1):
+               drafts=True, admit_whole=False, last_position=1, strict_fit=False):
     admitting = num_computed_tokens is not None
     start = num_computed_tokens if admitting else request.num_computed_tokens
     known = request.num_tokens if admitting or not drafts else request.num_tokens_with_spec
     wanted, cfg = known - start, self.scheduler_config
     if (cfg.enable_chunked_prefill or threshold_always) and cfg.long_prefill_token_threshold > 0:
         wanted = min(wanted, cfg.long_prefill_token_threshold)
-    if admitting and not cfg.enable_chunked_prefill and wanted > token_budget:
+    if admitting and not cfg.enable_chunked_prefill and (wanted >= token_budget if strict_fit else
+                                                         wanted > token_budget):
         return wanted if admit_whole else 0
     return min(wanted, token_budget if clamp else wanted, self.max_model_len - last_position - start)
 
@@ -155,6 +163,11 @@ def new_tokens_ignore_drafts(self, request, token_budget, num_computed_tokens=No
 def new_tokens_admit_overflow(self, request, token_budget, num_computed_tokens=None):
     """Without chunked prefill, admits a prompt whole although it does not fit: the step's budget is exceeded."""
     return new_tokens(self, request, token_budget, num_computed_tokens, admit_whole=True)
+
+
+def new_tokens_strict_fit(self, request, token_budget, num_computed_tokens=None):
+    """Without chunked prefill, admits a prompt only when it is shorter than the budget left: an exact fit waits."""
+    return new_tokens(self, request, token_budget, num_computed_tokens, strict_fit=True)
 
 
 def new_tokens_model_len_off_by_one(self, request, token_budget, num_computed_tokens=None):

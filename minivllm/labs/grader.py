@@ -22,15 +22,12 @@ from minivllm.labs import guard, refcache, student
 from minivllm.labs.errors import LabCheckFailed
 from minivllm.labs.registry import LABS
 from minivllm.labs.sandbox import DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT_S, Sandbox, SandboxDied
+from minivllm.labs.verdicts import _error_text, _Failed, _load_error, _outcome, _TimedOut  # noqa: F401 - tests
 
 EXERCISES = Path(__file__).parent / "exercises"
 _SANDBOX: Sandbox | None = None
 _REFERENCE: dict = {}  # (lab id, check index) -> the engine's own observation
 _SLACK_S = 600.0  # the zygote's own time on top of a job's timeout: building an engine (about 10-30 s)
-
-
-class _Failed(Exception):
-    """A check that failed for a reason other than its judge: the process crashed, hung, raised."""
 
 
 def sandbox() -> Sandbox:
@@ -56,7 +53,7 @@ def read_submission(lab, submission) -> tuple[str, str]:
 
 def check_lab(lab_id: int, submission=None, fault: str | None = None, out=print, first_failure: bool = False,
               timeout: float = DEFAULT_TIMEOUT_S, memory_mb: int = DEFAULT_MEMORY_MB,
-              source: str | None = None, cached: bool = True) -> tuple[int, int]:
+              source: str | None = None, cached: bool = True, deny=(), report: dict | None = None) -> tuple[int, int]:
     """Run the checks of one lab in order (unit checks first); print one line per check and the score line last.
     Returns (passed, total).
 
@@ -64,35 +61,47 @@ def check_lab(lab_id: int, submission=None, fault: str | None = None, out=print,
     reads every file before grading anyone). first_failure: stop at the first failed check, the rest count as
     failed (`check`'s default: a unit check that fails ends the run before any engine is built). timeout:
     seconds per check; memory_mb: each grading process's memory bound. cached: read and write the reference
-    observations on disk (refcache.py); False recomputes them.
+    observations on disk (refcache.py); False recomputes them. deny: folders the submission may not read (`grade`
+    passes the class folder; confine.py). The submission runs from a private copy of its file, never in place.
+    report: a dict that gets "status": "graded", "missing" (no file), "error" (it does not load, or was refused)
+    or "timeout" (a grading process ran past `timeout`: the lab ends there, its other checks are not run).
     """
     lab, total = LABS[lab_id], len(LABS[lab_id].checks)
+    report = {} if report is None else report
+    report["status"] = "graded"
 
-    def score(passed: int) -> tuple[int, int]:
+    def score(passed: int, status: str | None = None) -> tuple[int, int]:
+        report["status"] = status or report["status"]
         out(f"lab {lab_id}: {passed}/{total} checks passed  score {passed / total:.2f}")
         return passed, total
     job = {"lab": lab_id, "fault": fault, "timeout": timeout, "memory_mb": memory_mb,
-           "mode": "fault" if fault else "exercise"}
+           "mode": "fault" if fault else "exercise", "deny": [str(Path(d).resolve()) for d in deny]}
+    if cached:  # every stored reference read (and verified) before any code of the submission runs
+        for index in range(total):
+            _stored(lab_id, index)
     if submission is not None:
         try:
             path, text = (read_submission(lab, submission) if source is None
                           else (str(lab_file(lab, submission)), source))
         except (OSError, ValueError) as e:
             out(f"FAIL  loading the submission: {type(e).__name__}: {e}")
-            return score(0)
+            return score(0, "missing" if isinstance(e, FileNotFoundError) else "error")
         job.update(mode="student", path=path, source=text)
         if why := guard.static_refusal(job["source"], lab, path):
             out(f"FAIL  refused: {why}")
-            return score(0)
+            return score(0, "error")
     try:
         _outcome(_run(job, None), "loading the submission", memory_mb, timeout)
     except _Failed as e:
         out(f"FAIL  {e}")
-        return score(0)
+        return score(0, "timeout" if isinstance(e, _TimedOut) else "error")
     if fault is None and submission is None:
         job.update(path=str(lab_file(lab, EXERCISES)), source=lab_file(lab, EXERCISES).read_text())
     passed = failed = 0
     for index, (name, _, judge) in enumerate(lab.checks):
+        if report["status"] == "timeout":
+            out(f"skip  {name} (not run: an earlier check did not finish in time)")
+            continue
         if first_failure and failed:
             out(f"skip  {name} (not run after the first failure: fix that one first, or run every check with --all)")
             continue
@@ -106,10 +115,14 @@ def check_lab(lab_id: int, submission=None, fault: str | None = None, out=print,
             out(f"ok    {name}")
         except LabCheckFailed as e:
             failed += 1
-            out(f"FAIL  {e}")
+            text = str(e) if e.check == name else str(e).replace(f"check {e.check!r} failed", f"check {name!r} "
+                                                                 f"failed (at check {e.check!r})", 1)
+            out(f"FAIL  {text}")  # the check's own name first, as on its "ok" line and in the summary
         except _Failed as e:
             failed += 1
             out(f"FAIL  {e}")
+            if isinstance(e, _TimedOut):
+                report["status"] = "timeout"
     return score(passed)
 
 
@@ -138,48 +151,11 @@ def _hidden(lab, name: str, job: dict) -> None:
             raise _Failed(f"{case}: the grading process sent back no verdict")
 
 
-def _load_error(answer: dict) -> dict | None:
-    try:
-        payload = json.loads(answer.get("payload") or "null")
-    except (ValueError, RecursionError):
-        return None
-    return payload.get("load_error") if isinstance(payload, dict) else None
-
-
 def _run(job: dict, check) -> dict:
     try:
         return sandbox().run({**job, "check": check}, job["timeout"] + _SLACK_S)
     except SandboxDied as e:
         return {"status": "helper-died", "detail": str(e)}
-
-
-def _outcome(answer: dict, what: str, memory_mb: int, timeout: float) -> dict:
-    """The grading process's payload, or _Failed saying in words what happened to it."""
-    status = answer.get("status")
-    if status == "helper-died":
-        raise _Failed(f"{what}: {answer['detail']}; a submission must not signal or kill other processes")
-    if status == "timeout":
-        raise _Failed(f"{what}: did not finish within {timeout:g} s (an endless loop? the time bound is --timeout)")
-    if status == "too-large":
-        raise _Failed(f"{what}: sent back more than 32 MB")
-    try:
-        payload = json.loads(answer["payload"]) if answer.get("payload") else None
-    except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth: not a result
-        payload = None
-    if not isinstance(payload, dict):
-        how = (f"was killed by signal {answer['signal']}" if answer.get("signal") is not None
-               else f"exited with code {answer.get('exitcode')}")
-        hint = {None: " (does your file call os._exit, sys.exit or exit()?)",
-                signal.SIGXFSZ: " (it wrote a file or printed more than 16 MB)",
-                signal.SIGXCPU: f" (more CPU time than the time bound of {timeout:g} s: see --timeout)"}.get(
-                    answer.get("signal"), f" (over the memory bound of {memory_mb} MB? see --memory-mb)")
-        printed = _quote(answer.get("output", ""))
-        raise _Failed(f"{what}: the grading process {how} before sending a result{hint}{printed}")
-    if "refused" in payload:
-        raise _Failed(f"refused: {payload['refused']}")
-    if "load_error" in payload:
-        raise _Failed(f"loading the submission: {_error_text(payload['load_error'], memory_mb)}")
-    return payload
 
 
 def _judge(lab, name: str, judge, result: dict, reference: dict, memory_mb: int) -> None:
@@ -212,8 +188,8 @@ def _reference(lab_id: int, index: int, timeout: float, cached: bool = True) -> 
     """The engine's own observation of one check (nothing of a submission in it): from memory, else from the disk
     cache (refcache.py), else computed in a grading process and stored in both."""
     key, name = (lab_id, index), LABS[lab_id].checks[index][0]
-    if key not in _REFERENCE and cached and (stored := refcache.load(lab_id, index, name)) is not None:
-        _REFERENCE[key] = stored
+    if cached:
+        _stored(lab_id, index)
     if key not in _REFERENCE:
         job = {"lab": lab_id, "fault": None, "timeout": max(timeout, DEFAULT_TIMEOUT_S),
                "memory_mb": DEFAULT_MEMORY_MB, "mode": "engine"}
@@ -229,18 +205,14 @@ def _reference(lab_id: int, index: int, timeout: float, cached: bool = True) -> 
     return _REFERENCE[key]
 
 
-def _error_text(error: dict, memory_mb) -> str:
-    text = f"{error.get('type')}: {error.get('message')}"
-    if error.get("where") and error.get("in_submission") is False and error.get("student"):
-        text += (f" (at {error['where']}, in the engine, not in your file: it failed on what your function "
-                 f"returned or changed; compare that with the contract in the docstring)")
-    elif error.get("where"):
-        text += f" (at {error['where']})"
-    if error.get("type") == "MemoryError" and memory_mb is not None:
-        text += f" (over the memory bound of {memory_mb} MB: see --memory-mb)"
-    return text
+def _stored(lab_id: int, index: int) -> None:
+    """Keep the stored reference of the check in memory, if there is one whose signature verifies (refcache.py)."""
+    key = (lab_id, index)
+    if key not in _REFERENCE and (stored := refcache.load(lab_id, index, LABS[lab_id].checks[index][0])) is not None:
+        _REFERENCE[key] = stored
 
 
-def _quote(output: str) -> str:
-    lines = [line for line in output.strip().splitlines() if line.strip()][-3:]
-    return "" if not lines else "; it printed last: " + " / ".join(repr(line[:100]) for line in lines)
+def references(lab_id: int, timeout: float = DEFAULT_TIMEOUT_S, cached: bool = True) -> None:
+    """Every reference observation of the lab in memory now (`grade` calls it before grading anyone)."""
+    for index in range(len(LABS[lab_id].checks)):
+        _reference(lab_id, index, timeout, cached)

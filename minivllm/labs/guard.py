@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import ast
 import builtins
+import inspect
 import sys
 import types
 
 REFUSED = "refused: "
 _DYNAMIC = {"importlib", "runpy", "__import__"}
+_LABREF = {"_labref", "_minivllm_labref"}
 
 
 def forbidden_names(lab) -> set[str]:
@@ -48,6 +50,9 @@ def static_refusal(source: str, lab, filename: str = "<submission>") -> str | No
                 if alias.name in names:
                     return (f"line {line}: `from {module} import {alias.name}`: {alias.name} is the engine's own "
                             f"function this lab asks you to write")
+        elif isinstance(node, ast.Attribute) and node.attr in _LABREF or isinstance(node, ast.Name) and \
+                node.id in _LABREF:
+            return f"line {line}: `{getattr(node, 'attr', None) or node.id}`: {_module_refusal('_labref')}"
         elif isinstance(node, ast.Attribute) and node.attr in names:
             return (f"line {line}: `.{node.attr}`: that is the engine's own function this lab asks you to write; "
                     f"write it yourself")
@@ -63,6 +68,8 @@ def _is_name(node, name: str) -> bool:
 
 
 def _module_refusal(module: str) -> str | None:
+    if module.split(".")[-1] in _LABREF:
+        return "the compiled reference solutions (a student edition's _labref) are the grader's, not yours"
     if module == "minivllm.labs" or module.startswith("minivllm.labs."):
         return ("a submission may not import the labs package (the grader, its checks and the reference "
                 "solutions live there)")
@@ -103,9 +110,17 @@ def install_tripwires(lab, tripped: list) -> None:
         if name not in lab.functions:
             continue  # an engine function the student does not write (a fault may replace it): the engine calls it
         for obj, attr in targets:
-            setattr(obj, attr, _tripwire(name, tripped))
+            _set_tripwire(obj, attr, name, tripped)
     for obj, attr in lab.tripwires:
-        setattr(obj, attr, _tripwire(attr, tripped))
+        _set_tripwire(obj, attr, attr, tripped)
+
+
+def _set_tripwire(obj, attr: str, name: str, tripped: list) -> None:
+    """A staticmethod stays a staticmethod (lab 13's OutputProcessor._check_stop_strings): the checks then patch
+    the submission's function in as one, and the engine calls it without self."""
+    wire = _tripwire(name, tripped)
+    static = isinstance(inspect.getattr_static(obj, attr, None), staticmethod)
+    setattr(obj, attr, staticmethod(wire) if static else wire)
 
 
 def _tripwire(name: str, tripped: list):

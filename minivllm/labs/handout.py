@@ -106,6 +106,8 @@ PROVES = {
     "follow the target's p (chi-square, p-value 1e-6)",
     "random: every request on its own generator": "40 seeded requests give the same tokens in a batch and in the "
     "reverse order (each draws from its own generator); greedy rows beside them stay greedy",
+    "random: the exact random stream of each request": "the same seeded batch, and 40 unseeded requests sharing one "
+    "generator (greedy and random alternating): every request's tokens equal the engine's exactly",
     "n-gram speculation: greedy tokens = reference": "in the engine with n-gram drafts (4 per step), the reference "
     "tokens and the same numbers of drafts accepted at each position",
     "drafts: the longest n-gram, first match": "six cases, n-gram ranges 1-1 to 3-5 and k 1 to 8: the longest "
@@ -124,6 +126,8 @@ PROVES = {
     "scheduled for each request at each step and the tokens equal the reference's",
     "no chunked prefill: schedule = reference": "the same without chunked prefill (budget 12, a threshold of 4 "
     "it must ignore): the third prompt waits, then comes in whole",
+    "no chunked prefill, an exact fit: schedule = reference": "prompts of 4 and 8 tokens in a budget of 12 without "
+    "chunked prefill: the second fills the budget exactly and comes in the same step",
     "up to max_model_len: schedule = reference": "the same with requests running to max_model_len (64) with drafts, "
     "and a preemption",
     "lookup: the longest cached prefix, capped": "7 cases at block sizes 4, 8 and 16: prompts cached whole (a "
@@ -131,8 +135,9 @@ PROVES = {
     "request asking for prompt logprobs: the same blocks and tokens as the engine's",
     "lookup: nothing taken, the pool unchanged": "after each lookup every ref_cnt, the free queue's order and the "
     "cached blocks are as before it",
-    "stop strings: the window, the order, the cut": "10 texts: a stop string across the old and new characters, "
-    "an older match, two stop strings in another order, twice in the new text, kept or not, no new text",
+    "stop strings: the window, the order, the cut": "12 texts: a stop string across the old and new characters, "
+    "an older match, two stop strings in another order, twice in the new text, kept or not, no new text, the "
+    "window's first position, a whole text new",
     "in the engine: stopped text = reference": "two greedy requests stopped by strings around a token boundary "
     "(one kept): the same text, finish and stop reasons and number of tokens as the engine's",
     "weight_loader: each rank its columns": "tp_size 1, 2 and 4 simulated by threads: every rank's weight and bias "
@@ -140,6 +145,11 @@ PROVES = {
     "local_bias: the bias once": "every rank's local_bias(), with and without a bias",
     "forward: partial sums, all-reduced": "every rank's output after the all-reduce equals the full X W^T + b, "
     "and the partial sum when reduce_results is off",
+    "forward: the collectives each rank performs": "every rank's all-reduces (and their shapes) and labels, in "
+    "order, are the engine's: one all-reduce of the whole output, none at tp_size 1 or with reduce_results off",
+    "preempted: schedule, blocks and tokens = reference": "with preemption: the tokens scheduled for each request "
+    "at each step, the blocks each holds after it (a readmitted request reuses its blocks still cached) and the "
+    "tokens equal the reference's",
 }
 
 

@@ -19,7 +19,7 @@ import types
 from unittest import mock
 
 from minivllm.labs import engine_checks as ec
-from minivllm.labs import guard
+from minivllm.labs import confine, guard
 from minivllm.labs.registry import LABS
 
 
@@ -29,13 +29,18 @@ def run_job(job: dict) -> dict:
     tripped: list = []
     try:
         if mode == "student":
+            if "scratch" in job:  # in the sandbox's grading process: confined from here on (confine.py)
+                confine.python_guard(job["scratch"], job["deny"])
+            _forget_answers(lab)
             guard.install_tripwires(lab, tripped)
         functions = _load(lab, job, filename)
     except BaseException as e:  # noqa: BLE001 - whatever the file raised is reported, never re-raised here
+        if confine.VIOLATIONS:
+            return {"refused": confine.VIOLATIONS[0]}
         if isinstance(e, ImportError) and guard.REFUSED in str(e):
             return {"refused": str(e).split(guard.REFUSED, 1)[1]}
         return {"load_error": describe(e, filename)}
-    if mode == "student" and (why := guard.runtime_refusal(lab, functions, filename, tripped)):
+    if mode == "student" and (why := _refusal(lab, functions, filename, tripped)):
         return {"refused": why}
     if job.get("check") is None:
         return {"loaded": True}
@@ -50,9 +55,26 @@ def run_job(job: dict) -> dict:
             observe(counted, llm, obs)
     except BaseException as e:  # noqa: BLE001
         error = {**describe(e, filename), "student": mode == "student"}
-    if mode == "student" and (why := guard.runtime_refusal(lab, functions, filename, tripped)):
+    if mode == "student" and (why := _refusal(lab, functions, filename, tripped)):
         return {"refused": why}
     return {"obs": obs, "calls": {n: calls[n] for n in lab.functions}, "error": error}
+
+
+def _forget_answers(lab) -> None:
+    """In a student edition (release.py), drop this lab's compiled references from this process: the checks patch
+    the submission's functions in, so nothing calls them, and the submission cannot reach them."""
+    try:
+        from minivllm import _labref
+    except ImportError:
+        return  # the instructor's tree: the references are the engine's source
+    from minivllm.labs.release import lab_keys
+    _labref.forget(lab_keys(lab))
+
+
+def _refusal(lab, functions: dict, filename: str, tripped: list) -> str | None:
+    if confine.VIOLATIONS:  # refused even where the submission caught the PermissionError
+        return confine.VIOLATIONS[0].replace("refused: ", "")
+    return guard.runtime_refusal(lab, functions, filename, tripped)
 
 
 def needs_engine(observe) -> bool:

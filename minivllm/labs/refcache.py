@@ -7,6 +7,12 @@ source file under minivllm/, the model wheel's and torch's versions) and by the 
 the engine or to a check gives a new fingerprint, so a stale reference is never read. Files are written whole
 (a temporary file, then a rename), so two graders sharing the folder never read half a file.
 
+Every file is signed (HMAC-SHA256 over the fingerprint, the lab, the check and the observation) with a key kept
+in `labs-reference.key` beside that folder (created once, readable by its owner only); `load` returns None for a
+file whose signature does not verify, and the grader recomputes it. A submission cannot read the key or write the
+folder (confine.py denies both to every grading process), so it cannot forge a reference another student is judged
+by.
+
 Old fingerprints' folders are pruned on write (`prune`): the KEEP most recently used ones stay (a load touches
 its folder), the others are renamed to a hidden name, then deleted. A grader still reading a pruned folder
 finds its files gone and recomputes; a failed removal is left for the next write; neither fails a check.
@@ -14,7 +20,9 @@ finds its files gone and recomputes; a failed removal is left for the next write
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
+import secrets
 import os
 import shutil
 import tempfile
@@ -58,13 +66,49 @@ def _path(lab_id: int, index: int) -> Path:
     return folder() / f"lab{lab_id:02d}-check{index:02d}.json"
 
 
+def key_path() -> Path:
+    return envs.cache_dir() / "labs-reference.key"
+
+
+def _key() -> bytes | None:
+    """The signing key, created on first use (0600); None where the cache cannot be written."""
+    path = key_path()
+    try:
+        return bytes.fromhex(path.read_text().strip())
+    except (OSError, ValueError):
+        pass
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32))
+    except FileExistsError:  # another grader made it first
+        pass
+    except OSError:
+        return None
+    try:
+        return bytes.fromhex(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def signature(lab_id: int, index: int, name: str, obs: dict, key: bytes) -> str:
+    message = json.dumps([fingerprint(), lab_id, index, name, obs], sort_keys=True).encode()
+    return hmac.new(key, message, hashlib.sha256).hexdigest()
+
+
 def load(lab_id: int, index: int, name: str) -> dict | None:
-    """The stored observation of check `index` of the lab, or None (absent, unreadable, or another check's)."""
+    """The stored observation of check `index` of the lab, or None (absent, unreadable, another check's, or its
+    signature does not verify: written by anyone but a grader holding the key)."""
     try:
         data = json.loads(_path(lab_id, index).read_text())
     except (OSError, ValueError):
         return None
     if not isinstance(data, dict) or data.get("check") != name or not isinstance(data.get("obs"), dict):
+        return None
+    key = _key()
+    if key is None or not isinstance(data.get("mac"), str) or \
+            not hmac.compare_digest(data["mac"], signature(lab_id, index, name, data["obs"], key)):
         return None
     try:
         os.utime(folder())  # in use: its mtime says so, and prune keeps the folders used last
@@ -75,12 +119,14 @@ def load(lab_id: int, index: int, name: str) -> dict | None:
 
 def store(lab_id: int, index: int, name: str, obs: dict) -> None:
     """Write the observation; a cache that cannot be written (read-only home) only costs the next run time."""
-    path = _path(lab_id, index)
+    path, key = _path(lab_id, index), _key()
+    if key is None:
+        return
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
         with os.fdopen(fd, "w") as f:
-            json.dump({"check": name, "obs": obs}, f)
+            json.dump({"check": name, "obs": obs, "mac": signature(lab_id, index, name, obs, key)}, f)
         os.replace(tmp, path)
     except OSError:
         return

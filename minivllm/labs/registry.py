@@ -31,6 +31,7 @@ from minivllm.labs import unit_prefix as upx
 from minivllm.labs import unit_sched as us
 from minivllm.labs import unit_spec as usp
 from minivllm.labs import unit_stop as ust
+from minivllm.labs import unit_stream as ust9
 from minivllm.labs import unit_tp as utp
 from minivllm.models.linear import RowParallelLinear
 from minivllm.sample import sampler as sampler_module
@@ -148,6 +149,7 @@ LABS = {
             ("greedy: the bonus after every kept draft", usp.lab9_bonus_observe, usp.lab9_bonus_judge),
             ("random: the target distribution", usp.lab9_random_observe, usp.lab9_random_judge),
             ("random: every request on its own generator", usp.lab9_generator_observe, usp.lab9_generator_judge),
+            (ust9.CHECK, ust9.lab9_stream_observe, ust9.lab9_stream_judge),
             ("n-gram speculation: greedy tokens = reference",
              *ss.spec_check("speculative", "n-gram speculation: greedy tokens = reference", "a greedy request keeps "
                             "its drafts while they equal the argmax, then gets one token more", "accepted"))],
@@ -172,6 +174,10 @@ LABS = {
              ("no chunked prefill: schedule = reference",
               *ss.spec_check("unchunked", "no chunked prefill: schedule = reference", "without chunked prefill a "
                              "prompt is admitted whole, when it fits the budget left", "schedule")),
+             ("no chunked prefill, an exact fit: schedule = reference",
+              *ss.spec_check("exact-fit", "no chunked prefill, an exact fit: schedule = reference", "without "
+                             "chunked prefill a prompt whose rest equals the budget left fits: it is admitted whole "
+                             "in that step", "schedule")),
              ("up to max_model_len: schedule = reference",
               *ss.spec_check("to-max-model-len", "up to max_model_len: schedule = reference", "drafts are "
                              "scheduled like other tokens, never at position max_model_len - 1", "schedule"))],
@@ -186,7 +192,10 @@ LABS = {
              ("blocks in another order: no hit", *sc.tokens_check("swapped-blocks", "stop at the first miss",
                                                                   hits="a block is of use only after its whole "
                                                                        "prefix hit: stop at the first miss")),
-             ("preempted tokens = reference", *sc.tokens_check("preempted", "a lookup takes no block"))], "30"),
+             ("preempted: schedule, blocks and tokens = reference",
+              *sc.tokens_check("preempted", "a lookup takes no block", steps="a preempted request is looked up "
+                               "again when it is readmitted: its blocks still cached are hits, and it recomputes "
+                               "only the rest"))], "30"),
     13: Lab(13, "stop strings on incremental text: OutputProcessor._check_stop_strings", "lab13_stop_strings",
             ["_check_stop_strings"], {"_check_stop_strings": [(OutputProcessor, "_check_stop_strings")]},
             [("stop strings: the window, the order, the cut", ust.lab13_unit_observe, ust.lab13_unit_judge),
@@ -197,6 +206,7 @@ LABS = {
             [("weight_loader: each rank its columns", utp.lab14_loader_observe, utp.lab14_loader_judge),
              ("local_bias: the bias once", utp.lab14_bias_observe, utp.lab14_bias_judge),
              ("forward: partial sums, all-reduced", utp.lab14_forward_observe, utp.lab14_forward_judge),
+             ("forward: the collectives each rank performs", utp.lab14_forward_observe, utp.lab14_collectives_judge),
              ("greedy tokens = reference", *sc.tokens_check("greedy", "at tp_size 1: the plain product, no sum"))],
             "30"),
 }

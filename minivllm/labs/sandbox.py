@@ -4,22 +4,28 @@ The grader's process (`Sandbox`) starts one helper process, the zygote, that imp
 graders' small engines once, and never runs a submission. For each job (one check of one lab for one student,
 or a load-only job) the zygote forks a fresh grading process from that pristine state: its own session, an
 address-space bound (RLIMIT_AS: the engine's size plus `memory_mb`), a CPU-time bound, its stdout/stderr in a
-file, a scratch working directory. That process runs `harness.run_job` and writes the payload (JSON) to a
-pipe; the zygote waits at most `timeout` seconds, then kills the whole process group, and answers the grader
-with the payload (or none), the exit status and the tail of what the process printed. A crash, an exit, a
-hang or a print therefore reaches the grader as data, never as a score.
+file, a scratch working directory of its own (removed after the job). A submission's file is copied into that
+folder and runs from there, confined to it (confine.py: it reads only the engine and its own folder, writes only
+there, starts no process). That process runs `harness.run_job` and writes the payload (JSON) to a pipe; the
+zygote waits at most `timeout` seconds, then kills the process and every process it left behind, in its session
+or re-parented to the zygote (reaper.py), and answers the grader with the payload (or none), the exit status,
+how many processes were left behind and the tail of what the process printed. A crash, an exit, a hang or a
+print therefore reaches the grader as data, never as a score.
 """
 from __future__ import annotations
 
 import json
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from minivllm.labs import reaper
 
 DEFAULT_TIMEOUT_S = 120.0  # per check; the slowest reference check takes about 5 s on 2 busy cores
 DEFAULT_MEMORY_MB = 2048  # per grading process, beyond the loaded engine (about 2.5 GB of address space)
@@ -97,6 +103,12 @@ def serve() -> None:
     from minivllm.labs import engine_checks as ec
     from minivllm.labs.harness import needs_engine
     from minivllm.labs.registry import LABS
+    reaper.become_subreaper()  # a process a job leaves behind comes back to the zygote, which kills it
+    try:  # a student edition's compiled references, read before any submission runs (it may not read them)
+        from minivllm import _labref
+        _labref.load()
+    except ImportError:
+        pass
     with os.fdopen(cmd_fd, "rb") as commands:
         for line in commands:
             job = json.loads(line)
@@ -113,11 +125,12 @@ def serve() -> None:
 def _run_forked(job: dict, own_fds: tuple) -> dict:
     r, w = os.pipe()
     out = tempfile.TemporaryFile()
+    scratch = tempfile.mkdtemp(prefix="minivllm-lab-")
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
     if pid == 0:
-        _child(job, w, r, out, own_fds)
+        _child({**job, "scratch": scratch}, w, r, out, own_fds)
     os.close(w)
     payload, status, deadline = b"", "done", time.monotonic() + job["timeout"]
     while True:
@@ -139,14 +152,17 @@ def _run_forked(job: dict, own_fds: tuple) -> dict:
         if reaped != (0, 0):
             break
         time.sleep(0.01)
-    _kill_group(pid)  # the whole session: whatever the submission started goes too
+    _kill_group(pid)
     wstatus = reaped[1] if reaped != (0, 0) else os.waitpid(pid, 0)[1]
+    left = reaper.kill_all(pid)  # the whole session, and whatever left it: nothing the job started survives it
+    shutil.rmtree(scratch, ignore_errors=True)
     out.seek(max(0, out.seek(0, 2) - OUTPUT_TAIL))
     tail = out.read().decode(errors="replace")
     out.close()
     return {"status": status, "payload": payload.decode(errors="replace") if status == "done" else None,
             "exitcode": os.WEXITSTATUS(wstatus) if os.WIFEXITED(wstatus) else None,
-            "signal": os.WTERMSIG(wstatus) if os.WIFSIGNALED(wstatus) else None, "output": tail}
+            "signal": os.WTERMSIG(wstatus) if os.WIFSIGNALED(wstatus) else None, "output": tail,
+            "left_running": left}
 
 
 def _kill_group(pid: int) -> None:
@@ -175,7 +191,10 @@ def _child(job: dict, w: int, r: int, out, own_fds: tuple) -> None:
         resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
         resource.setrlimit(resource.RLIMIT_FSIZE, (16 << 20, 16 << 20))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        os.chdir(tempfile.mkdtemp(prefix="minivllm-lab-"))
+        os.chdir(job["scratch"])
+        tempfile.tempdir = job["scratch"]  # temporary files of the job go in its scratch folder too
+        if job["mode"] == "student":
+            _confine(job)
         from minivllm.labs.harness import run_job
         payload = run_job(job)
         try:
@@ -190,6 +209,18 @@ def _child(job: dict, w: int, r: int, out, own_fds: tuple) -> None:
         traceback.print_exc()
         os._exit(70)
     os._exit(0)
+
+
+def _confine(job: dict) -> None:
+    """The submission's own copy in the scratch folder, and the kernel's confinement (confine.landlock) on."""
+    from minivllm.labs import confine
+    path = os.path.join(job["scratch"], os.path.basename(job["path"]))
+    with open(path, "w") as f:
+        f.write(job["source"])
+    job["path"] = path
+    sys.dont_write_bytecode = True  # an import writes no .pyc: the only writes left are the submission's
+    job["deny"] = [*(job.get("deny") or []), *confine.answer_paths()]
+    job["landlock"] = confine.landlock(job["scratch"], job["deny"])
 
 
 def _die_with_parent() -> None:

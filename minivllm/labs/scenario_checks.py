@@ -48,9 +48,11 @@ def scenario(kind: str, llm, obs: dict) -> dict:
     raise KeyError(kind)
 
 
-def tokens_check(kind: str, hint: str, hits: str | None = None):
-    """(observe, judge): the scenario's invariants, its prefix-cache hits (when `hits` gives their hint), then
-    its tokens equal to the reference's."""
+def tokens_check(kind: str, hint: str, hits: str | None = None, steps: str | None = None):
+    """(observe, judge): the scenario's invariants, its prefix-cache hits (when `hits` gives their hint), what each
+    step scheduled and which blocks each request held after it (when `steps` gives their hint: a mistake that
+    changes the work, e.g. the blocks a preempted request reuses, not the tokens), then its tokens equal to the
+    reference's."""
     def observe(sub, llm, obs):
         scenario(kind, llm, obs)
 
@@ -64,8 +66,20 @@ def tokens_check(kind: str, hint: str, hits: str | None = None):
             bad = next((i for i, (e, g) in enumerate(zip(ref["hits"], obs.get("hits") or [])) if e != g), 0)
             raise LabCheckFailed(f"{kind}: prefix-cache hits = reference", f"request {bad} (the second prompt), "
                                  "num_cached_tokens", ref["hits"][bad], (obs.get("hits") or [None])[bad], hits)
+        if steps is not None:
+            _same_steps(kind, ref, obs, steps)
         ec.same_tokens(f"{kind} tokens = reference", ref["tokens"], obs["tokens"], hint)
     return observe, judge
+
+
+def _same_steps(kind: str, ref: dict, obs: dict, hint: str) -> None:
+    for key, what in (("scheduled", "tokens scheduled"), ("held", "block ids held after the step")):
+        for step, (exp, got) in enumerate(zip(ref[key], obs.get(key) or []), 1):
+            if exp != got:
+                exp, got = dict(map(tuple, exp)), dict(map(tuple, got))
+                req = next(r for r in sorted(set(exp) | set(got)) if exp.get(r) != got.get(r))
+                raise LabCheckFailed(f"{kind}: {what} = reference", f"step {step}, request {req}: {what}",
+                                     exp.get(req, "none"), got.get(req, "none"), hint)
 
 
 # -- lab 1 ------------------------------------------------------------------------------------------------

@@ -71,6 +71,9 @@ def scenario(kind: str, llm, obs: dict) -> dict:
             with configured(llm, max_num_batched_tokens=12, enable_chunked_prefill=False,
                             long_prefill_token_threshold=4):  # a threshold that only chunked prefill obeys
                 ec.run(llm, ec.PROMPTS[:3], GREEDY, obs)
+        elif kind == "exact-fit":  # prompts of 4 and 8 tokens in a budget of 12, unchunked: the second fits exactly
+            with configured(llm, max_num_batched_tokens=12, enable_chunked_prefill=False):
+                ec.run(llm, [ec.PROMPTS[0], ec.PROMPTS[2]], GREEDY, obs)
         else:
             raise KeyError(kind)
     finally:

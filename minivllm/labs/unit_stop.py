@@ -21,6 +21,8 @@ _KEEP = "include_stop_str_in_output keeps the stop string: cut after it, not bef
 _ORDER = "the stop strings are tried in their list order: the first one found wins, not the earliest in the text"
 _CUT = "a stop string found ends the text: cut output_text at it (after it when it is kept)"
 _FIRST = "cut at the stop string's first position in the window, not its last"
+_CLAMP = ("early in the output the window's start is negative: clamp it at 0 (str.find counts a negative start from "
+          "the end of the text)")
 # (label, output text, number of new characters, stop strings, include_stop_str_in_output, hint)
 CASES = [("the docstring's example", "Hello world!", 4, ["world"], False, _WINDOW),
          ("the docstring's example, kept", "Hello world!", 4, ["world"], True, _WINDOW),
@@ -31,6 +33,8 @@ CASES = [("the docstring's example", "Hello world!", 4, ["world"], False, _WINDO
          ("twice in the new characters", "ab--cd--ef", 8, ["--"], False, _FIRST),
          ("no new characters", "stop here", 0, ["stop"], False, "no new characters: nothing to look for, None"),
          ("a stop string longer than the new text", "abcdef", 1, ["bcdef"], False, _WINDOW),
+         ("the whole text new, a stop string at its start", "stop here", 9, ["stop"], False, _CLAMP),
+         ("at the window's first position, more new characters after", "xxSTOP!?", 3, ["STOP"], True, _WINDOW),
          ("no match", "nothing here", 5, ["zz", "yy"], False, "no stop string found: None and the text unchanged")]
 
 

@@ -32,8 +32,10 @@ class _Group:
 
     def __init__(self, rank: int, size: int, shared: dict) -> None:
         self.rank_in_group, self.world_size, self.shared, self.is_first_rank = rank, size, shared, rank == 0
+        self.calls: list = []  # the collectives this rank performed, in order: [name, shape or label]
 
     def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+        self.calls.append(["all_reduce", list(tensor.shape)])
         if self.world_size == 1:
             return tensor
         parts, barrier = self.shared["parts"], self.shared["barrier"]
@@ -45,16 +47,25 @@ class _Group:
         return tensor
 
     def label(self, name: str) -> None:
-        pass
+        self.calls.append(["label", name])
 
 
 def _group():
     return getattr(_LOCAL, "group", None) or parallel_state._SINGLE
 
 
+class _ThisThreadsGroup:
+    """parallel_state._TP while simulating: every attribute is the calling rank's (thread's) group's, so a
+    get_tp_group a submission imported by name (from parallel_state import get_tp_group) reaches it too."""
+
+    def __getattr__(self, name: str):
+        return getattr(_group(), name)
+
+
 @contextlib.contextmanager
 def _simulated():
-    with mock.patch.object(parallel_state, "get_tp_group", _group), \
+    with mock.patch.object(parallel_state, "_TP", _ThisThreadsGroup()), \
+            mock.patch.object(parallel_state, "get_tp_group", _group), \
             mock.patch.object(communication_op, "get_tp_group", _group), \
             mock.patch.object(linear, "get_tp_group", _group):
         yield
@@ -130,7 +141,8 @@ def lab14_bias_observe(sub, llm, obs):
 
 @unit
 def lab14_forward_observe(sub, llm, obs):
-    obs["outputs"] = []
+    """Each rank's output, and ("collectives") the all-reduces and labels it performed, per case."""
+    obs["outputs"], obs["collectives"] = [], []
     for case in CASES:
         weight, bias, x = _full(case)
         size = case[2] // case[1]
@@ -141,8 +153,22 @@ def lab14_forward_observe(sub, llm, obs):
                 layer.bias.data.copy_(bias)
             got = sub["forward"](layer, x[:, rank * size:(rank + 1) * size].clone())
             ok = isinstance(got, tuple) and len(got) == 2 and isinstance(got[0], torch.Tensor)
-            return _values(got[0]) if ok else f"not (tensor, None): {repr(got)[:50]}"
-        obs["outputs"].append(_ranks(case, run))
+            return [_values(got[0]) if ok else f"not (tensor, None): {repr(got)[:50]}", _LOCAL.group.calls]
+        per_rank = [r if isinstance(r, list) else [r, None] for r in _ranks(case, run)]
+        obs["outputs"].append([r[0] for r in per_rank])
+        obs["collectives"].append([r[1] for r in per_rank])
+
+
+def lab14_collectives_judge(obs, ref):
+    """Each rank performs the reference's collectives, no more, no fewer: one all-reduce of the whole output."""
+    for case, exp, got in zip(CASES, ref["collectives"], obs["collectives"]):
+        for rank, (e, g) in enumerate(zip(exp, got)):
+            if e != g:
+                raise LabCheckFailed("forward: the collectives each rank performs", f"{case[0]}: rank {rank}, its "
+                                     "collectives in order ([name, shape or label])", e, g,
+                                     "one tensor_model_parallel_all_reduce of the whole [num_tokens, output_size] "
+                                     "partial sum, then get_tp_group().label(self.prefix); none at tp_size 1 or "
+                                     "with reduce_results=False: every extra collective is a wait for all ranks")
 
 
 def _judge(check: str, key: str, what: str, hint):

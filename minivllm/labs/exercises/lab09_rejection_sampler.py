@@ -23,9 +23,11 @@ def rejection_sample(self, draft_token_ids, target_logits, bonus_token_ids, md):
     Output: a list of lists of int, one per request, each 1 to len(drafts) + 1 tokens long.
     Rules, draft by draft in order; the first rejected draft ends its request's list:
       - greedy row: the draft is kept if it equals the row's argmax; else that argmax is appended instead;
-      - random row: with u uniform in [0, 1) from md.generators[r], the draft is kept if u < p_r[draft]; else
-        a token drawn from p_r with the draft's own probability set to 0 (the residual; Sampler.draw
-        renormalises it, with [md.generators[r]]) is appended instead;
+      - random row: with u = torch.rand(1, generator=md.generators[r]) (uniform in [0, 1)), the draft is kept
+        if u < p_r[draft]; else a token drawn from p_r with the draft's own probability set to 0 (the
+        residual; Sampler.draw renormalises it, with [md.generators[r]]) is appended instead;
+      - draw nothing else, and nothing for a greedy row: unseeded requests share the engine's generator, and a
+        request's tokens must be exactly the engine's (a seeded one's the same in every run);
       - all drafts kept: the bonus token is appended. A request with no drafts gets its bonus token alone.
     Invariants: a greedy request gets what plain greedy decoding gives; each token a random request gets
     follows p exactly (the draft d: kept with probability p(d); another x: rejected, then drawn, (1 - p(d)) *
