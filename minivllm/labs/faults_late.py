@@ -7,7 +7,6 @@ every switch off giving the reference itself (tests/test_labs_drift.py checks th
 from __future__ import annotations
 
 from minivllm.distributed.communication_op import tensor_model_parallel_all_reduce
-from minivllm.distributed.parallel_state import get_tp_group
 from minivllm.models.linear import default_weight_loader
 
 
@@ -126,11 +125,9 @@ def row_forward(self, x, *, reduce=True, reduce_first=False, per_token=False):
     if per_token and self.reduce_results and self.tp_size > 1:
         for t in range(output.shape[0]):
             output[t:t + 1] = tensor_model_parallel_all_reduce(output[t:t + 1].clone())
-        get_tp_group().label(self.prefix)
         return output, None
     if reduce and not reduce_first and self.reduce_results and self.tp_size > 1:
         output = tensor_model_parallel_all_reduce(output)
-        get_tp_group().label(self.prefix)
     return output, None
 
 

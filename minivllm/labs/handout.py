@@ -145,7 +145,7 @@ PROVES = {
     "local_bias: the bias once": "every rank's local_bias(), with and without a bias",
     "forward: partial sums, all-reduced": "every rank's output after the all-reduce equals the full X W^T + b, "
     "and the partial sum when reduce_results is off",
-    "forward: the collectives each rank performs": "every rank's all-reduces (and their shapes) and labels, in "
+    "forward: the collectives each rank performs": "every rank's all-reduces (and their shapes), in "
     "order, are the engine's: one all-reduce of the whole output, none at tp_size 1 or with reduce_results off",
     "preempted: schedule, blocks and tokens = reference": "with preemption: the tokens scheduled for each request "
     "at each step, the blocks each holds after it (a readmitted request reuses its blocks still cached) and the "

@@ -32,7 +32,7 @@ class _Group:
 
     def __init__(self, rank: int, size: int, shared: dict) -> None:
         self.rank_in_group, self.world_size, self.shared, self.is_first_rank = rank, size, shared, rank == 0
-        self.calls: list = []  # the collectives this rank performed, in order: [name, shape or label]
+        self.calls: list = []  # the collectives this rank performed, in order: [name, shape]
 
     def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
         self.calls.append(["all_reduce", list(tensor.shape)])
@@ -45,9 +45,6 @@ class _Group:
         barrier.wait()
         tensor.copy_(total)
         return tensor
-
-    def label(self, name: str) -> None:
-        self.calls.append(["label", name])
 
 
 def _group():
@@ -141,7 +138,7 @@ def lab14_bias_observe(sub, llm, obs):
 
 @unit
 def lab14_forward_observe(sub, llm, obs):
-    """Each rank's output, and ("collectives") the all-reduces and labels it performed, per case."""
+    """Each rank's output, and ("collectives") the all-reduces it performed, per case."""
     obs["outputs"], obs["collectives"] = [], []
     for case in CASES:
         weight, bias, x = _full(case)
@@ -165,9 +162,9 @@ def lab14_collectives_judge(obs, ref):
         for rank, (e, g) in enumerate(zip(exp, got)):
             if e != g:
                 raise LabCheckFailed("forward: the collectives each rank performs", f"{case[0]}: rank {rank}, its "
-                                     "collectives in order ([name, shape or label])", e, g,
+                                     "collectives in order ([name, shape])", e, g,
                                      "one tensor_model_parallel_all_reduce of the whole [num_tokens, output_size] "
-                                     "partial sum, then get_tp_group().label(self.prefix); none at tp_size 1 or "
+                                     "partial sum; none at tp_size 1 or "
                                      "with reduce_results=False: every extra collective is a wait for all ranks")
 
 

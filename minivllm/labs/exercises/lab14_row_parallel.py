@@ -7,7 +7,6 @@ Under tensor parallelism over tp_size ranks, o_proj and down_proj are row-parall
 product is a partial sum of Y, and an all-reduce adds the ranks' partial sums. Time: about 30 minutes.
 """
 from minivllm.distributed.communication_op import tensor_model_parallel_all_reduce
-from minivllm.distributed.parallel_state import get_tp_group
 from minivllm.models.linear import default_weight_loader
 
 
@@ -47,8 +46,8 @@ def forward(self, x):
     Inputs: x [num_tokens, input_size / tp_size], this rank's slice of the layer's input. self.matmul(x)
     gives this rank's product with its shard (packed on the CPU) plus local_bias(): a partial sum of Y.
     Rules: sum the partial sums over the ranks with tensor_model_parallel_all_reduce(tensor) (every rank
-    calls it, with its own partial sum), then call get_tp_group().label(self.prefix) (names the collective
-    in traces); skip both when self.reduce_results is False (the caller sums) or tp_size == 1.
+    calls it, with its own partial sum); skip it when self.reduce_results is False (the caller sums) or
+    tp_size == 1.
     Invariants: sum over r of x_r W_r^T = X W^T; the bias counted once.
     Example: tp_size 2, x_0 = [[1, 2]], x_1 = [[3, 4]], W = [[1, 1, 1, 1]], bias [10]: rank 0's
     partial is [[13]], rank 1's [[7]]; both return [[20]].
@@ -57,6 +56,5 @@ def forward(self, x):
     output = self.matmul(x)
     if self.reduce_results and self.tp_size > 1:
         output = tensor_model_parallel_all_reduce(output)
-        get_tp_group().label(self.prefix)
     return output, None
     ### END SOLUTION
