@@ -6,7 +6,7 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    from minivllm.tracing.cli import add_trace_arguments, run_trace
+    from minivllm.entrypoints.cli.trace import add_trace_arguments, run_trace
 
     parser = argparse.ArgumentParser(prog="python -m minivllm", description="minivllm: vLLM's V1 engine, small.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
                                        "/health and /metrics, as `vllm serve`. Every engine argument is a flag.")
     from minivllm.entrypoints.openai.cli_args import make_arg_parser
     make_arg_parser(serve)
-    from minivllm.tracing.serve_trace import add_arguments, run_serve_trace
+    from minivllm.entrypoints.cli.serve_trace import add_arguments, run_serve_trace
     serve_trace = sub.add_parser("trace-serve", help="watch the server admit requests while others decode",
                                  description="Start the server with tracing, stream from three clients at "
                                              "different moments, print every engine step.")

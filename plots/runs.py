@@ -12,7 +12,7 @@ from typing import Callable
 
 from minivllm import LLM, SamplingParams
 from minivllm.tracing import Trace
-from minivllm.tracing.cli import run_traced
+from minivllm.tracing import run_traced
 
 
 def greedy(max_tokens: int, **kw) -> SamplingParams:

@@ -261,7 +261,7 @@ def test_kv_cache_is_sized_from_what_the_workers_report(tiny_llama_folder, monke
 
 def test_tracing_reads_each_steps_batch_from_the_workers_and_leaves_the_step_alone(tiny_llm):
     """The tracer is a scheduler observer; the packed batch comes from every worker by collective_rpc."""
-    from minivllm.tracing.cli import run_traced
+    from minivllm.tracing import run_traced
     from minivllm.tracing.tracer import EngineTracer, describe_execute
     core = tiny_llm.llm_engine.engine_core.engine_core
     executor, rpcs = core.model_executor, []

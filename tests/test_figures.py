@@ -47,7 +47,7 @@ def python(code: str) -> str:
 
 
 def test_the_engine_package_never_imports_matplotlib():
-    loaded = python("import sys, minivllm, minivllm.tracing, minivllm.tracing.cli, minivllm.tracing.render\n"
+    loaded = python("import sys, minivllm, minivllm.tracing, minivllm.entrypoints.cli.trace, minivllm.tracing.render\n"
                     "print([m for m in sys.modules if m.split('.')[0] == 'matplotlib'])")
     assert loaded.strip() == "[]"
     assert not [p for p in (ROOT / "minivllm").rglob("*.py") if "matplotlib" in p.read_text()]

@@ -292,7 +292,7 @@ def test_trace_serve_shows_requests_admitted_while_others_decode():
     import io
 
     from minivllm.tracing.render import make_console
-    from minivllm.tracing.serve_trace import run_serve_trace
+    from minivllm.entrypoints.cli.serve_trace import run_serve_trace
     out = io.StringIO()
     trace, found = run_serve_trace(argparse.Namespace(model=None, width=80), make_console(out, 80))
     admitted = {name for _, new, _ in found for name in new}

@@ -206,7 +206,7 @@ class LogRecords(logging.Handler):
 
 
 def test_start_up_log_line_and_a_warning_off_loopback():
-    from minivllm.tracing.live import announce_trace_page
+    from minivllm.entrypoints.openai.trace_page import announce_trace_page
     with LogRecords() as logs:
         announce_trace_page("127.0.0.1", False)
         assert [r.levelno for r in logs.records] == [logging.INFO]
@@ -354,7 +354,7 @@ class _Source:
 def test_the_live_window_is_bounded_in_steps_and_in_events():
     from types import SimpleNamespace
 
-    from minivllm.tracing.live import LiveTrace
+    from minivllm.entrypoints.openai.trace_page import LiveTrace
     source = _Source()
     trace = LiveTrace({"num_gpu_blocks": 8}, 1, source.take, max_steps=1000, max_events=50)
     processed = SimpleNamespace(request_outputs=[], reqs_to_abort=[])
@@ -372,7 +372,7 @@ def test_the_live_window_is_bounded_in_steps_and_in_events():
 
 
 def test_redaction_keeps_counts_and_aliases_every_request_id():
-    from minivllm.tracing.live_redact import RequestRedactor
+    from minivllm.entrypoints.openai.trace_redact import RequestRedactor
     redact = RequestRedactor()
     submit = redact({"kind": "submit", "request_id": "chatcmpl-secret", "prompt": "my words",
                      "prompt_token_ids": [5, 6, 7], "max_tokens": 4})

@@ -154,3 +154,14 @@ def test_models_and_distributed_import_nothing_from_tracing():
                 [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
             assert not [n for n in names if n.startswith("minivllm.tracing")], path
             assert ".label(" not in path.read_text(), path
+
+
+def test_tracing_imports_neither_the_engine_nor_the_entrypoints():
+    """The observer sits below what it observes: minivllm/tracing reads the engine's objects it is handed, and the
+    applications built on it (the trace CLI, the server's live page) live with the entrypoints."""
+    root = Path(__file__).resolve().parents[1] / "minivllm" / "tracing"
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        names = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module] + \
+            [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+        assert not [n for n in names if n.startswith(("minivllm.engine", "minivllm.entrypoints"))], path

@@ -271,7 +271,7 @@ def _group_overrides(worker) -> list:
 def test_tracing_attaches_to_the_collectives_from_outside_and_detaches(tiny_llama_folder):
     """The trace's per-rank collectives (named by layer) come from a recorder attached while tracing is on;
     afterwards each rank's group runs its own methods again and the layers carry no hooks."""
-    from minivllm.tracing.cli import run_traced
+    from minivllm.tracing import run_traced
     llm = LLM(str(tiny_llama_folder), tensor_parallel_size=2, multiprocess=False, max_model_len=128)
     try:
         executor = llm.llm_engine.engine_core.engine_core.model_executor

@@ -13,7 +13,7 @@ import pytest
 from minivllm import LLM, SamplingParams
 from minivllm.__main__ import main
 from minivllm.tracing import Trace, make_console, render_trace
-from minivllm.tracing.cli import NEIGHBOURS, add_trace_arguments, run_trace
+from minivllm.entrypoints.cli.trace import NEIGHBOURS, add_trace_arguments, run_trace
 from minivllm.tracing.render import clip
 
 

@@ -102,7 +102,7 @@ def browser():
 @pytest.fixture(scope="module", params=list(RUNS))
 def run(request, tmp_path_factory):
     """One traced run of the real engine: (name, trace JSON as dict, path of the --html file)."""
-    from minivllm.tracing.cli import add_trace_arguments, run_trace
+    from minivllm.entrypoints.cli.trace import add_trace_arguments, run_trace
     from minivllm.tracing.render import make_console
     import argparse
 

@@ -1,4 +1,4 @@
-"""The live trace viewer of `minivllm serve` (GET /trace, minivllm/tracing/live.py) in headless Chromium.
+"""The live trace viewer of `minivllm serve` (GET /trace, minivllm/entrypoints/openai/trace_page.py) in headless Chromium.
 
 A real `python -m minivllm serve` on 127.0.0.1 with the page open while three clients stream (the serve
 trace's clients: B starts once A has 3 tokens, C once B has 2, so they overlap); the test also reads
@@ -119,7 +119,7 @@ def test_live_page_follows_three_streaming_clients(serve_process, browser, tmp_p
     from selenium.webdriver.common.keys import Keys
     from selenium.webdriver.support.ui import WebDriverWait
 
-    from minivllm.tracing.serve_trace import admitted_while_decoding, run_clients
+    from minivllm.entrypoints.cli.serve_trace import admitted_while_decoding, run_clients
     from minivllm.tracing.trace import Trace
 
     base = serve_process

@@ -8,7 +8,7 @@ from disk. The viewer draws only what the engine recorded, or what it counts fro
 Beside the trace it embeds three fields of the engine's own config that the trace does not carry and
 the token-budget panel needs (max_num_batched_tokens, max_num_seqs, enable_prefix_caching); the budget as
 EngineCore resolved it (its info), since the config leaves it None when chunked prefill is off.
-The live page of `minivllm serve` (GET /trace, tracing/live.py) is the same page with an empty trace
+The live page of `minivllm serve` (GET /trace, entrypoints/openai/trace_page.py) is the same page with an empty trace
 and `"live"` naming its event stream: the viewer then appends the steps as they arrive.
 """
 from __future__ import annotations

@@ -130,3 +130,19 @@ class Trace:
     def from_json(cls, path: str | Path) -> "Trace":
         data = json.loads(Path(path).read_text())
         return cls(data["info"], data["events"], data["caller_pid"])
+
+
+def run_traced(llm, requests: list[tuple]):
+    """Submit (prompt, SamplingParams) pairs in one message, run them to the end with tracing on.
+
+    Returns the Trace. `llm.generate` would give the same tokens: tracing only observes, and is off again after.
+    """
+    engine = llm.llm_engine
+    engine.enable_tracing()
+    try:
+        engine.add_processed_requests([engine.process_inputs(engine.next_request_id(), p, sp) for p, sp in requests])
+        while engine.has_unfinished_requests():
+            engine.step()
+        return engine.collect_trace()
+    finally:
+        engine.disable_tracing()

@@ -3,7 +3,7 @@
 FastAPI routes over one AsyncLLM, served by uvicorn: POST /v1/completions and /v1/chat/completions
 (whole, or streamed as Server-Sent Events), GET /v1/models, /health (200, or 503 once EngineCore is
 dead), /metrics (Prometheus text) and, with --enable-trace-page only, /trace (minivllm's live trace
-viewer, tracing/live.py; vLLM has none). Every failure is an OpenAI error object with its status (also
+viewer, entrypoints/openai/trace_page.py; vLLM has none). Every failure is an OpenAI error object with its status (also
 404, 405, a body that is not JSON, and a body over --max-request-body-bytes: 413, refused before it is
 read whole); a request that fails leaves the engine serving the others. A client that disconnects
 cancels its handler (streamed: EventStreamResponse; whole: `with_cancellation`), which aborts its
@@ -108,7 +108,7 @@ def build_app(engine: AsyncLLM, trust_request_chat_template: bool = False,
     app.add_middleware(RequestBodyLimit, max_bytes=max_request_body_bytes)
     app.state.live_trace = None  # the LiveTraceHub, with the page on
     if enable_trace_page:
-        from minivllm.tracing.live import add_trace_routes, announce_trace_page
+        from minivllm.entrypoints.openai.trace_page import add_trace_routes, announce_trace_page
         app.state.live_trace = add_trace_routes(app, engine, EventStreamResponse, trace_max_steps,
                                                 trace_page_show_requests)
         announce_trace_page(host, trace_page_show_requests)

@@ -8,7 +8,7 @@ import argparse
 
 from minivllm.engine.arg_utils import EngineArgs
 
-DEFAULT_TRACE_MAX_STEPS = 200  # the live /trace page's window (minivllm.tracing.live keeps the same default)
+DEFAULT_TRACE_MAX_STEPS = 200  # the live /trace page's window (minivllm.entrypoints.openai.trace_page keeps the same default)
 DEFAULT_MAX_REQUEST_BODY_BYTES = 16 << 20  # 16 MiB: any prompt max_model_len can hold, many times over
 # vLLM's defaults for its OpenAI server on a CPU (EngineArgs.get_batch_defaults, UsageContext.OPENAI_API_SERVER):
 # a smaller step than the offline LLM's, so a burst of prompts is prefilled in chunks and the first of them

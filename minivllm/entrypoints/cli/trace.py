@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 
 from minivllm.engine.arg_utils import json_dict
+from minivllm.tracing import run_traced
 from minivllm.tracing.render import MIN_WIDTH, WIDTH
 
 NEIGHBOURS = [
@@ -74,22 +75,6 @@ def _width(value: str) -> int:
     if width < MIN_WIDTH:
         raise argparse.ArgumentTypeError(f"{width} columns is too narrow: give at least {MIN_WIDTH}")
     return width
-
-
-def run_traced(llm, requests: list[tuple]):
-    """Submit (prompt, SamplingParams) pairs in one message, run them to the end with tracing on.
-
-    Returns the Trace. `llm.generate` would give the same tokens: tracing only observes, and is off again after.
-    """
-    engine = llm.llm_engine
-    engine.enable_tracing()
-    try:
-        engine.add_processed_requests([engine.process_inputs(engine.next_request_id(), p, sp) for p, sp in requests])
-        while engine.has_unfinished_requests():
-            engine.step()
-        return engine.collect_trace()
-    finally:
-        engine.disable_tracing()
 
 
 def run_trace(args: argparse.Namespace, console=None):

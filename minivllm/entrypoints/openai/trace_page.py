@@ -2,7 +2,7 @@
 
 Mirrors nothing in vLLM (it has no trace viewer). The page is off unless the server was started with
 --enable-trace-page (api_server.py); without --trace-page-show-requests every event is redacted here, in
-the server, before it is stored or sent (tracing/live_redact.py: no request text, no token ids, request
+the server, before it is stored or sent (entrypoints/openai/trace_redact.py: no request text, no token ids, request
 ids as aliases). LiveTraceHub counts the open pages. The first one to connect to /trace/events switches
 tracing on in EngineCore (the utility call `enable_tracing`, with a new session number) and hangs a
 LiveTrace on the AsyncLLM; the last one to leave switches it off (`disable_tracing`) and drops it, also a
@@ -30,7 +30,7 @@ import logging
 import anyio
 
 from minivllm.entrypoints.openai.cli_args import DEFAULT_TRACE_MAX_STEPS
-from minivllm.tracing.live_redact import RequestRedactor
+from minivllm.entrypoints.openai.trace_redact import RequestRedactor
 from minivllm.tracing.trace import Trace
 
 logger = logging.getLogger("minivllm")
