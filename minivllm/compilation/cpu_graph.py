@@ -3,7 +3,7 @@
 On a GPU, vLLM captures the forward of a decode batch as a CUDA graph and replays it: one launch instead of
 hundreds, no Python between the kernels. A CPU has no graphs, but minivllm's forward on the CPU is, op for op,
 calls into its compiled library (minivllm/_C.py) wrapped in Python: the module calls, checks and allocations
-around them cost about 4-5 ms a decode step for SmolLM2's 30 layers, a third of a one-request step.
+around them are a large share of a small decode step.
 CPUGraphWrapper records those C calls in a forward and replays them: the same kernels with the same arguments,
 so the output is bit for bit the eager one.
 
@@ -157,10 +157,9 @@ class CPUGraphWrapper:
 
     def _bind(self) -> None:
         """The template's calls on this arena, each argument made its C type once, here, and the functions
-        untyped copies, so a replay converts nothing: 0.85 instead of 1.75 us for a call of 17 arguments
-        (ctypes' argtypes convert every argument on every call). Every argument that is the row count is one
-        shared object per C type, whose value a replay sets: ctypes reads it at each call, so one binding
-        serves every size (binding per size cost 4.4 ms the first time each size came)."""
+        untyped copies, so a replay converts nothing (ctypes' argtypes convert every argument on every call).
+        Every argument that is the row count is one shared object per C type, whose value a replay sets:
+        ctypes reads it at each call, so one binding serves every size (no binding per size on first use)."""
         base, lib, (offset, hidden, dtype) = self.arena.data_ptr(), _C._lib, self.template.output
         rows: dict = {}  # C type -> the object every row-count argument of that type is
         self._calls = []

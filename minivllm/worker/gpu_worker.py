@@ -38,7 +38,7 @@ def keep_freed_memory() -> None:
     """CPU: stop glibc from returning big freed buffers to the OS after every step.
 
     By default each allocation over 32 MiB is its own mmap, unmapped on free, so every step
-    page-faults its large activations in again (measured: the prefill MLP ran ~1.8x slower).
+    page-faults its large activations in again, which slows the large GEMMs.
     Serving everything from the heap and never trimming it makes a step reuse last step's memory.
     """
     try:
