@@ -42,7 +42,8 @@ def parse_args(argv=None):
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    from minivllm import _C, _custom_ops
+    from minivllm import _C
+    from minivllm.models.utils import small_batch_rows
     if not _C.available():
         sys.exit("the compiled CPU ops are not available here (a C compiler is needed; see the README)")
     dtype = getattr(torch, args.dtype)
@@ -57,7 +58,7 @@ def main(argv=None) -> None:
     panels = [_C.pack_linear_weight(w) for w in weights]
     megabytes = sum(w.numel() * w.element_size() for w in weights) / 1e6
     print(f"{len(weights)} weights, {megabytes:.0f} MB in {args.dtype}; {torch.get_num_threads()} threads; "
-          f"ms per step, kernel/oneDNN (engine: kernel up to {_custom_ops.small_batch_rows(dtype)} rows)")
+          f"ms per step, kernel/oneDNN (engine: kernel up to {small_batch_rows(dtype)} rows)")
     for rows in args.rows:
         xs = {k: torch.randn(rows, k, generator=gen).to(dtype) for k in {w.shape[1] for w in weights}}
 

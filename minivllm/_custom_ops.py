@@ -13,7 +13,8 @@ platform and the attention backend, each settled once. minivllm settles every su
   rms_norm, fused_add_rms_norm      | C csrc/cpu/layernorm.c                  | PyTorch forward_native
   silu_and_mul                      | C csrc/cpu/activation.c                 | PyTorch forward_native
   rotary_embedding                  | C csrc/cpu/pos_encoding.c               | PyTorch forward_native
-  linear (GEMM, CPU)                | float32 and <= 256 rows: C csrc/cpu/gemm.c; else oneDNN's packed GEMM
+  linear (models/linear.py)         | C csrc/cpu/gemm.c for small batches,    | F.linear
+                                    | oneDNN above (models/utils.py, at load) |
 
 The default backend is Triton on a GPU; on the CPU "cpu" where the compiled ops take the model's dtype, else
 "torch". A backend asked for that cannot run is a ValueError naming the fix, and a tensor a compiled op cannot
@@ -31,7 +32,7 @@ import torch
 # Importing the package first sets TRITON_INTERPRET on CPU-only machines, before any @triton.jit kernel is
 # decorated; the kernel modules themselves are imported on first use, so a CPU engine never loads Triton.
 import minivllm.kernels  # noqa: F401
-from minivllm import _C, envs, platforms
+from minivllm import _C, envs
 
 logger = logging.getLogger("minivllm")
 
@@ -43,21 +44,6 @@ ATTENTION_BACKENDS = {
     "triton": ("Triton reshape_and_cache_flash (kernels/reshape_and_cache.py)",
                "Triton unified_attention (kernels/unified_attention.py)"),
 }
-# Rows up to which the C GEMM (gemm.c) runs a CPU linear; bigger batches go to oneDNN, where the two run level
-# (the measurements: models/linear.py's PackedLinear and the README).
-SMALL_BATCH = 512
-# In bf16 on a CPU with AMX, oneDNN runs its GEMMs on the tile units, which the panel kernel's dot products
-# cannot match once a GEMM is compute-bound: there the panels take only the batches bound by streaming the
-# weights. (Not measured on such a CPU yet: 16 is where the GEMMs of this kind of model stop being
-# bandwidth-bound on the AVX512_BF16 machine measured, benchmarks/decode_gemm.py.)
-BF16_SMALL_BATCH = 16 if "amx_bf16" in platforms.cpu_flags() else SMALL_BATCH
-
-
-def small_batch_rows(dtype: torch.dtype) -> int:
-    """The most rows a CPU linear runs on the C GEMM in `dtype` (more go to oneDNN)."""
-    return SMALL_BATCH if dtype == torch.float32 else BF16_SMALL_BATCH
-
-
 def compiled_cpu_ops_serve(device: str | torch.device, dtype: torch.dtype | str | None) -> bool:
     """True where the compiled CPU ops run: on the CPU, in float32 or bfloat16 (None or "auto": not known), built."""
     if isinstance(dtype, str):
@@ -118,15 +104,6 @@ def pack_small_batch_linear(weight: torch.Tensor) -> torch.Tensor | None:
     if weight.dtype == torch.float32 or (weight.dtype == torch.bfloat16 and _C.linear_bf16_has_dp()):
         return _C.pack_linear_weight(weight)
     return None
-
-
-def cpu_linear(x: torch.Tensor, onednn_weight: torch.Tensor, panels: torch.Tensor | None,
-               bias: torch.Tensor | None, out_features: int) -> torch.Tensor:
-    """x [m, k] @ W^T + bias -> [m, n]: the C small-batch GEMM up to SMALL_BATCH rows (BF16_SMALL_BATCH in
-    bf16), oneDNN above."""
-    if panels is not None and x.shape[0] <= small_batch_rows(x.dtype):
-        return _C.linear_small_batch(x, panels, bias, out_features)
-    return torch.ops.mkldnn._linear_pointwise(x, onednn_weight, bias, "none", [], "")
 
 
 def reshape_and_cache_flash(

@@ -126,11 +126,10 @@ def engine_core_child_environment():
     """While EngineCore's child starts: GOMP_SPINCOUNT=2000 unless the user set it or OMP_WAIT_POLICY.
 
     Between the hundreds of parallel regions of a step libgomp's threads wait for the next one. With
-    a long spin (20,000 iterations; libgomp's own default is 300,000) a run beside one busy job took
-    6-7x its time alone, every region waiting on a descheduled partner; sleeping at once
-    (OMP_WAIT_POLICY=PASSIVE) pays a wake-up per region and ran 1.6-2x slower alone on these virtual
-    CPUs. A short spin keeps the speed alone and kept the cost beside a neighbour to 1.9-2.7x
-    (benchmarks/shared_cpu.py, 8 requests in bf16).
+    a long spin (libgomp's own default is 300,000 iterations) a run beside one busy job spends its
+    regions waiting on a descheduled partner; sleeping at once (OMP_WAIT_POLICY=PASSIVE) pays a
+    wake-up per region even alone. A short spin keeps the speed alone and bounds the cost beside a
+    neighbour (benchmarks/shared_cpu.py measures the three).
     libgomp reads this once, as it loads, so it is set for the child only (restored here at once);
     an in-process engine keeps whatever its process started with.
     """

@@ -17,7 +17,6 @@ from minivllm import LLM, _C
 from minivllm.csrc import build as ops_build
 from minivllm.attention.backends.torch_attn import gather_history
 from minivllm.models.layers import RotaryEmbedding, _rotate_half
-from minivllm.models.linear import PackedLinear
 from minivllm.utils import mem_utils
 from minivllm.utils.mem_utils import HUGE_PAGE, move_into_one_buffer
 
@@ -113,10 +112,10 @@ def test_the_engines_gemm_panels_sit_in_one_buffer_in_forward_order(tiny_llama_f
         pytest.skip("bf16 panels are packed only where the C GEMM has AVX512_BF16")
     llm = LLM(str(tiny_llama_folder), dtype=dtype, multiprocess=False, max_model_len=64)
     model = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.model_runner.model
-    names, panels = zip(*[(n, m.panels) for n, m in model.named_modules() if isinstance(m, PackedLinear)
-                          and m.panels is not None])
-    assert names[:4] == tuple(f"model.layers.0.{p}.packed" for p in ("self_attn.qkv_proj", "self_attn.o_proj",
-                                                                      "mlp.gate_up_proj", "mlp.down_proj"))
+    names, panels = zip(*[(n, m.gemm_panels) for n, m in model.named_modules()
+                          if getattr(m, "gemm_panels", None) is not None])
+    assert names[:4] == tuple(f"model.layers.0.{p}" for p in ("self_attn.qkv_proj", "self_attn.o_proj",
+                                                              "mlp.gate_up_proj", "mlp.down_proj"))
     assert len({p.untyped_storage().data_ptr() for p in panels}) == 1
     assert all(a.data_ptr() + a.nbytes <= b.data_ptr() for a, b in zip(panels, panels[1:]))
     llm.shutdown()

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from minivllm import LLM, SamplingParams, _C
 from minivllm import _custom_ops as ops
@@ -23,7 +24,9 @@ from minivllm.attention.backends.torch_attn import TorchAttentionImpl
 from minivllm.attention.backends.utils import AttentionMetadata
 from minivllm.attention.selector import get_attn_backend_name, get_attn_impl
 from minivllm.csrc import build as ops_build
+from minivllm.models import utils as gemm_utils
 from minivllm.models.layers import RMSNorm, SiluAndMul
+from minivllm.models.utils import dispatch_cpu_unquantized_gemm
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU_DIR = ROOT / "minivllm" / "csrc" / "cpu"
@@ -78,13 +81,16 @@ def test_the_signature_check_catches_a_changed_prototype():
 
 
 def test_the_c_files_are_vllms_csrc_cpu_files_each_scalar_path_first():
-    names = {"cache.c", "cpu_attn.c", "layernorm.c", "activation.c", "pos_encoding.c", "gemm.c"}
+    names = {"cache.c", "cpu_attn.c", "cpu_attn_avx512.c", "cpu_attn_avx512_bf16.c", "layernorm.c", "activation.c",
+             "pos_encoding.c", "gemm.c"}
     assert {p.name for p in ops_build.SOURCES} == names == {p.name for p in CPU_DIR.glob("*.c")}
     assert {p.name for p in ops_build.HEADERS} == {p.name for p in CPU_DIR.glob("*.h")}
-    for name in names:
+    for name in names - {"cpu_attn_avx512_bf16.c"}:
         assert (CPU_DIR / name).read_text().startswith("/* Mirror of vLLM's csrc/cpu/"), name
+    assert (CPU_DIR / "cpu_attn_avx512_bf16.c").read_text().startswith("/* Counterpart of vLLM's csrc/cpu/")
     attn, gemm = (CPU_DIR / "cpu_attn.c").read_text(), (CPU_DIR / "gemm.c").read_text()
-    assert attn.index("AI void attend_generic(") < attn.index("#ifdef __AVX512F__")
+    # cpu_attn.c is the reading: the plain-C paths and the entry point, every vector path in its own file
+    assert "ALWAYS_INLINE void attend_generic(" in attn and "_mm512" not in attn
     assert gemm.index("#ifndef __AVX512F__") < gemm.index("__m512 acc[ROWS][2];")
     package_data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
     assert {"csrc/cpu/*.c", "csrc/cpu/*.h"} <= set(package_data["minivllm"])
@@ -234,26 +240,41 @@ def test_a_custom_op_without_the_library_runs_pytorch_and_says_so_once(monkeypat
 
 
 def test_the_cpu_gemm_is_picked_by_rows_in_one_place(monkeypatch):
+    """dispatch_cpu_unquantized_gemm packs a layer once; its cpu_linear runs the C GEMM up to small_batch_rows
+    rows and oneDNN above, and drops the unpacked weight only where asked (vLLM's remove_weight)."""
     torch.manual_seed(0)
     linear = torch.nn.Linear(40, 70)
     panels = ops.pack_small_batch_linear(linear.weight)
     # bf16 gets panels only where its fast tile is built (AVX512_BF16); elsewhere bf16 stays on oneDNN
     assert panels is not None
     assert (ops.pack_small_batch_linear(linear.weight.bfloat16()) is not None) == _C.linear_bf16_has_dp()
-    onednn = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), 4096)
     calls = []
     real = _C.linear_small_batch
     monkeypatch.setattr(_C, "linear_small_batch", lambda *a: calls.append(a[0].shape[0]) or real(*a))
-    bias = linear.bias.detach()
-    for rows in (1, ops.SMALL_BATCH, ops.SMALL_BATCH + 1):
+    weight, bias = linear.weight.detach().clone(), linear.bias.detach()
+    dispatch_cpu_unquantized_gemm(linear, remove_weight=True)
+    assert linear.weight.numel() == 0 and linear.gemm_panels is not None
+    for rows in (1, gemm_utils.SMALL_BATCH, gemm_utils.SMALL_BATCH + 1):
         x = torch.randn(rows, 40)
-        torch.testing.assert_close(ops.cpu_linear(x, onednn, panels, bias, 70), linear(x).detach(),
+        torch.testing.assert_close(linear.cpu_linear(x, linear.weight, bias), F.linear(x, weight, bias),
                                    rtol=1e-5, atol=1e-5)
-    assert calls == [1, ops.SMALL_BATCH]  # the bigger batch went to oneDNN
+    assert calls == [1, gemm_utils.SMALL_BATCH]  # the bigger batch went to oneDNN
     if _C.linear_bf16_has_dp():  # bf16: up to BF16_SMALL_BATCH rows (fewer where AMX serves oneDNN)
-        weight, calls[:] = linear.weight.detach().bfloat16(), []
-        panels, onednn = ops.pack_small_batch_linear(weight), torch.ops.mkldnn._reorder_linear_weight(weight, 4096)
-        for rows in (1, ops.BF16_SMALL_BATCH, ops.BF16_SMALL_BATCH + 1):
+        layer, calls[:] = torch.nn.Linear(40, 70, bias=False).bfloat16(), []
+        weight = layer.weight.detach().clone()
+        dispatch_cpu_unquantized_gemm(layer, remove_weight=False)
+        assert torch.equal(layer.weight, weight)
+        for rows in (1, gemm_utils.BF16_SMALL_BATCH, gemm_utils.BF16_SMALL_BATCH + 1):
             x = torch.randn(rows, 40).bfloat16()
-            torch.testing.assert_close(ops.cpu_linear(x, onednn, panels, None, 70), x @ weight.T, rtol=2**-7, atol=1e-2)
-        assert calls == [1, ops.BF16_SMALL_BATCH]
+            torch.testing.assert_close(layer.cpu_linear(x, layer.weight, None), x @ weight.T, rtol=2**-7, atol=1e-2)
+        assert calls == [1, gemm_utils.BF16_SMALL_BATCH]
+
+
+def test_a_weight_the_cpu_gemms_do_not_take_runs_f_linear_and_stays(monkeypatch):
+    layer = torch.nn.Linear(8, 4).half()
+    dispatch_cpu_unquantized_gemm(layer, remove_weight=True)
+    assert layer.cpu_linear is F.linear and layer.weight.shape == (4, 8)
+    monkeypatch.setenv("MINIVLLM_CPU_PACKED_LINEAR", "0")
+    layer = torch.nn.Linear(8, 4)
+    dispatch_cpu_unquantized_gemm(layer, remove_weight=True)
+    assert layer.cpu_linear is F.linear and layer.weight.shape == (4, 8) and not hasattr(layer, "gemm_panels")

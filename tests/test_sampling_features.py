@@ -113,22 +113,6 @@ def test_processing_order_and_raw_logprobs():
     torch.testing.assert_close(out.logprobs[0], raw.gather(1, out.sampled_token_ids[:, None]).squeeze(1))
 
 
-@pytest.mark.parametrize("vocab", [49152, 50272, 2049, 1000])
-def test_greedy_sample_returns_torchs_argmax_ids(vocab):
-    """The two-pass argmax is torch's: the first of tied maxima, the first NaN, a row of -inf, a partial last
-    chunk (50272, 2049), a vocabulary under two chunks (1000: torch's argmax itself), and no rows at all."""
-    torch.manual_seed(vocab)
-    logits = torch.randn(7, vocab)
-    logits[0, [3, 9, vocab - 1]] = 50.0  # ties: 3 wins
-    logits[1, vocab - 1] = 50.0  # the maximum in the partial chunk
-    logits[2, [vocab // 2, 5]] = float("nan")  # the first NaN wins, later and larger values lose
-    logits[2, vocab - 2] = 1e30
-    logits[3] = float("-inf")
-    logits[4, 1024:2048] = 50.0  # a whole chunk tied
-    for rows in (logits, logits[:1], logits[:0], logits.to(torch.bfloat16).float()):
-        assert torch.equal(Sampler.greedy_sample(rows), rows.argmax(dim=-1))
-
-
 def test_bad_words_block_only_a_completed_prefix():
     logits = torch.zeros(4, 6)
     words = [[2, 3, 4], [5]]

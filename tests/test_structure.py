@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 from minivllm import envs
@@ -165,3 +166,84 @@ def test_tracing_imports_neither_the_engine_nor_the_entrypoints():
         names = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module] + \
             [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
         assert not [n for n in names if n.startswith(("minivllm.engine", "minivllm.entrypoints"))], path
+
+
+# ---- the package reads as the article: no benchmark log in its comments, no oversized C file ---------------------
+
+DATE = re.compile(r"\b20\d\d-\d\d-\d\d\b")
+# A measured speed: a ratio ("1.2x", "1.05-1.15x", "8x faster"), a duration below a second ("9.2 us", "70-180 ms",
+# a number and its unit on two lines of a comment too) or in seconds as measured ("0.07-0.2 s", "about 5 s", "took
+# 7.1 s", not a timeout's "after 5 s"), a rate ("tok/s", "2.1e9 elements a second"), or "measured" with a number
+# after it on its line.
+SPEED = re.compile(r"\b\d+(\.\d+)?x\b|\b\d+(\.\d+)? times (faster|slower)\b"
+                   r"|\d(\.\d+)?( |\s*\n\s*\*?\s*)?(ms|us|µs|ns)\b"
+                   r"|(\d-\d+(\.\d+)?|\d\.\d+|(about|took|takes|ran in) \d+(\.\d+)?) s\b"
+                   r"|\b(tok|tokens|GFLOP|GB)/s\b|\d\S*( \w+)? (a|per) second\b|\bmeasured\b[^.;\n]{0,60}\d",
+                   re.IGNORECASE)
+
+
+def _python_prose(text: str) -> list[tuple[int, str]]:
+    """(first line, text) of every comment and docstring of a Python source."""
+    import io
+    import tokenize
+    found = [(t.start[0], t.string) for t in tokenize.generate_tokens(io.StringIO(text).readline)
+             if t.type == tokenize.COMMENT]
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and \
+                    isinstance(first.value.value, str):
+                found.append((first.lineno, first.value.value))
+    return found
+
+
+def _c_prose(text: str) -> list[tuple[int, str]]:
+    """(first line, text) of every /* */ and // comment of a C source."""
+    return [(text.count("\n", 0, m.start()) + 1, m.group()) for m in re.finditer(r"/\*.*?\*/|//[^\n]*", text, re.S)]
+
+
+def dated_or_measured_lines(paths, root: Path = ROOT) -> list[str]:
+    """path:line: text for each date or measured speed in a comment or docstring (a block is searched whole, so
+    "80-160" at a line's end and "ms" at the next one's start are found)."""
+    hits = []
+    for path in paths:
+        text = path.read_text()
+        for start, block in _python_prose(text) if path.suffix == ".py" else _c_prose(text):
+            lines = block.splitlines()
+            for m in (*DATE.finditer(block), *SPEED.finditer(block)):
+                n = block.count("\n", 0, m.start())
+                hits.append(f"{path.relative_to(root)}:{start + n}: {lines[n].strip()}")
+    return list(dict.fromkeys(hits))
+
+
+def test_no_comment_or_docstring_in_the_package_holds_a_date_or_a_measured_speed():
+    """Numbers live with the benchmarks (benchmarks/results/), not in the code a reader opens beside the article."""
+    paths = [p for ext in ("*.py", "*.c", "*.h") for p in sorted(PACKAGE.rglob(ext))]
+    hits = dated_or_measured_lines(paths)
+    assert not hits, "move these numbers to the benchmarks' results:\n" + "\n".join(hits)
+
+
+def test_the_prose_scan_finds_what_it_is_for(tmp_path):
+    py, c = tmp_path / "a.py", tmp_path / "b.c"
+    py.write_text('"""Greedy, (2026-12-06, this VM: 1.18 ms for 32 rows)."""\nx = 1  # 1.2-1.8x faster than oneDNN\n'
+                  'def f():\n    """The measured value is printed once the prediction matches."""\n')
+    c.write_text("/* The GEMMs ran 1.05x faster\n * at 4,000 tok/s */\nint a; // took 9.2 us\nint b; /* 12 x 32 tiles */\n"
+                 "/* four passes of 80-160\n * ms each, 2.1e9 elements a second */\n"
+                 "/* sixteen 7s; stop after 5 s */\n/* a build takes about 10 s */\n")
+    hits = [h.split(": ", 1)[0] for h in dated_or_measured_lines([py, c], root=tmp_path)]
+    assert hits == ["a.py:2", "a.py:1", "b.c:1", "b.c:2", "b.c:3", "b.c:5", "b.c:6", "b.c:8"]  # comments, docstrings
+
+
+def test_no_c_file_is_over_400_lines():
+    long = {p.name: n for ext in ("*.c", "*.h") for p in (PACKAGE / "csrc").rglob(ext)
+            if (n := len(p.read_text().splitlines())) > 400}
+    assert not long, f"split these C files by instruction set or concept (400 lines at most): {long}"
+
+
+def test_the_tp_layers_file_is_sharding_only():
+    """models/linear.py holds the parallel layers; how a weight is packed for a GEMM is models/utils.py's
+    (vLLM's dispatch_cpu_unquantized_gemm), called once at load."""
+    source = (PACKAGE / "models" / "linear.py").read_text()
+    classes = [n.name for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ClassDef)]
+    assert not [name for name in classes if "pack" in name.lower()], classes
+    assert "mkldnn" not in source and "_custom_ops" not in source and "pack_" not in source

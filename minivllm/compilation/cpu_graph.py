@@ -45,6 +45,7 @@ from minivllm.compilation.recorder import ROWS, At, CaptureRefused, Recording, T
     derive_template, regions, tensors_kept
 from minivllm.distributed.parallel_state import get_tp_group
 from minivllm.forward_context import get_forward_context, set_forward_context
+from minivllm.models.utils import small_batch_rows
 
 logger = logging.getLogger("minivllm")
 
@@ -90,7 +91,7 @@ class CPUGraphWrapper:
         if (attention_backend != "cpu" or get_tp_group().world_size != 1 or not hasattr(model, "get_input_embeddings")
                 or not ops.compiled_cpu_ops_serve(param.device, param.dtype)):
             return model
-        return cls(model, attn_layers, min(max_num_reqs, ops.small_batch_rows(param.dtype)), max_num_blocks_per_req)
+        return cls(model, attn_layers, min(max_num_reqs, small_batch_rows(param.dtype)), max_num_blocks_per_req)
 
     def capture_model(self) -> None:
         """vLLM's capture_model, once the KV cache is bound: record the decode forward at the largest batch and

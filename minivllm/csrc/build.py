@@ -1,6 +1,6 @@
 """Build, verify and find the compiled CPU op library that minivllm/_C.py loads.
 
-The files of csrc/cpu/ (SOURCES, split by vLLM's csrc/cpu names, and their two headers) are compiled
+The files of csrc/cpu/ (SOURCES, split by vLLM's csrc/cpu names, and HEADERS) are compiled
 together into one shared library with the system's C compiler the first time an engine starts on the
 CPU (a second or two) and cached under MINIVLLM_CACHE_DIR/ops/, keyed by the sources, the flags and
 the CPU's instruction-set flags. -march=native lets each file take the build machine's AVX-512 and
@@ -32,9 +32,9 @@ from minivllm import envs, platforms
 logger = logging.getLogger("minivllm")
 
 CPU_DIR = Path(__file__).parent / "cpu"
-SOURCES = tuple(CPU_DIR / name for name in ("cache.c", "cpu_attn.c", "layernorm.c", "activation.c",
-                                            "pos_encoding.c", "gemm.c"))
-HEADERS = (CPU_DIR / "cpu_types.h", CPU_DIR / "ops.h")
+SOURCES = tuple(CPU_DIR / name for name in ("cache.c", "cpu_attn.c", "cpu_attn_avx512.c", "cpu_attn_avx512_bf16.c",
+                                            "layernorm.c", "activation.c", "pos_encoding.c", "gemm.c"))
+HEADERS = tuple(CPU_DIR / name for name in ("cpu_types.h", "ops.h", "cpu_attn_impl.h", "cpu_attn_avx512.h"))
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math",
           "-std=c11", "-fPIC", "-shared"]
 

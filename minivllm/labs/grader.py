@@ -27,7 +27,7 @@ from minivllm.labs.verdicts import _error_text, _Failed, _load_error, _outcome, 
 EXERCISES = Path(__file__).parent / "exercises"
 _SANDBOX: Sandbox | None = None
 _REFERENCE: dict = {}  # (lab id, check index) -> the engine's own observation
-_SLACK_S = 600.0  # the zygote's own time on top of a job's timeout: building an engine (about 10-30 s)
+_SLACK_S = 600.0  # the zygote's own time on top of a job's timeout: building an engine first
 
 
 def sandbox() -> Sandbox:

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from minivllm.labs import reaper
 
-DEFAULT_TIMEOUT_S = 120.0  # per check; the slowest reference check takes about 5 s on 2 busy cores
+DEFAULT_TIMEOUT_S = 120.0  # per check: far above what any reference check takes, so it only ends a runaway
 DEFAULT_MEMORY_MB = 2048  # per grading process, beyond the loaded engine (about 2.5 GB of address space)
 MAX_PAYLOAD = 32 << 20
 OUTPUT_TAIL = 1500

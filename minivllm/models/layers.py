@@ -6,8 +6,8 @@ same inverse frequencies and indexed by each packed token's position.
 RMSNorm (with the residual add fused in, as vLLM's fused_add_rms_norm),
 SiluAndMul and the rotary embedding are CustomOps: `forward_native` is the
 PyTorch formula, `forward_cpu` the compiled op (minivllm/_C.py), and which one
-runs is picked once, in minivllm/_custom_ops.py. The linear layers (and their
-packed CPU GEMM) are in linear.py, the vocabulary's in vocab_parallel_embedding.py.
+runs is picked once, in minivllm/_custom_ops.py. The linear layers are in
+linear.py (their CPU GEMM in utils.py), the vocabulary's in vocab_parallel_embedding.py.
 Left out: rope scaling variants other than "default" and "llama3".
 """
 from __future__ import annotations

@@ -15,20 +15,18 @@ Every layer returns `(output, output_bias)` as vLLM's (output_bias is None: mini
 Each parameter has a `weight_loader(param, loaded_weight[, shard_id])` that takes the checkpoint's full
 tensor and copies in this rank's slice, so every worker reads the same files and keeps a fraction.
 
-On the CPU the loader then packs each weight once for the GEMMs (`pack_linear_weights`, PackedLinear):
-a layout change only, after which the unpacked weight is dropped. Left out: quantization methods,
-gather_output, skip_bias_add, input_is_parallel=False, pipeline-parallel and LoRA variants.
+How a shard multiplies its input is the layer's `quant_method` (UnquantizedLinearMethod, as vLLM's without a
+quantization config); which GEMM runs it on the CPU is decided once at load, in models/utils.py. Left out:
+quantization methods, gather_output, skip_bias_add, input_is_parallel=False, pipeline-parallel and LoRA variants.
 """
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from minivllm import _custom_ops as ops
 from minivllm.distributed.communication_op import tensor_model_parallel_all_reduce
 from minivllm.distributed.parallel_state import get_tp_group
-from minivllm.utils.mem_utils import move_into_one_buffer
+from minivllm.models.utils import dispatch_cpu_unquantized_gemm, dispatch_unquantized_gemm
 
 
 def divide(numerator: int, denominator: int) -> int:
@@ -37,67 +35,16 @@ def divide(numerator: int, denominator: int) -> int:
     return numerator // denominator
 
 
-class PackedLinear(nn.Module):
-    """A weight pre-packed once for the CPU's GEMMs, in two layouts, one per batch size.
+class UnquantizedLinearMethod:
+    """vLLM's linear method without quantization: the weight times the input, through the GEMM that
+    models/utils.py picks for the layer (on the CPU, packed once after loading)."""
 
-    Up to _custom_ops.SMALL_BATCH rows (every decode step) the compiled small-batch kernel streams its
-    own panel layout (csrc/cpu/gemm.c; _custom_ops.cpu_linear picks by rows). Bigger batches (prefill)
-    go to oneDNN with its packed weight, itself 1.3x faster than the default MKL path. In float32 the
-    panel kernel runs 1.2-1.8x faster than oneDNN at 1-32 rows and 1.04-1.09x at 256-512; in bfloat16
-    (where the library has AVX512_BF16: vdpbf16ps, float32 sums) it runs 1.5-1.7x faster at 1-8 rows,
-    1.2-1.5x at 16-64 and 1.05-1.15x at 128-512 (level at 1024-2048), on a forward's weights one after the
-    other (benchmarks/decode_gemm.py). Without AVX512_BF16, bf16 goes to oneDNN at every size. The cost is a
-    second copy of each weight. Packing is a layout change only; results agree with F.linear to the
-    dtype's rounding.
-    """
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        if layer.weight.device.type == "cpu":
+            dispatch_cpu_unquantized_gemm(layer, remove_weight=True)
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, batch_size_hint: int = 4096) -> None:
-        super().__init__()
-        self.out_features, self.in_features = weight.shape
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), batch_size_hint)
-        self.panels = ops.pack_small_batch_linear(weight.detach())  # None: every batch goes to oneDNN
-        self.bias = None if bias is None else bias.detach()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() == 2:  # the models' [num_tokens, hidden]: no reshape and view (~4 us a call, 121 calls a step)
-            return ops.cpu_linear(x, self.packed, self.panels, self.bias, self.out_features)
-        out = ops.cpu_linear(x.reshape(-1, self.in_features), self.packed, self.panels, self.bias, self.out_features)
-        return out.view(*x.shape[:-1], self.out_features)
-
-
-class PackableWeight:
-    """A module whose `weight` [out, in] multiplies its input: F.linear, or PackedLinear once packed.
-    The module's __init__ sets `self.packed = None` (not a class attribute: nn.Module keeps a submodule
-    in its _modules, where a class attribute of the same name would hide it)."""
-
-    def local_bias(self) -> torch.Tensor | None:
-        """The bias this rank adds in its own matmul."""
-        return getattr(self, "bias", None)
-
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed is not None:
-            return self.packed(x)
-        return F.linear(x, self.weight, self.local_bias())
-
-    def pack(self) -> None:
-        """Pack the weight for the CPU GEMMs and drop the unpacked copy (a tied embedding keeps its own)."""
-        self.packed = PackedLinear(self.weight, self.local_bias())
-        del self.weight
-
-
-def pack_linear_weights(model: nn.Module) -> int:
-    """Pack every linear weight of `model` (CPU, float32 or bfloat16), then move the C GEMM's panels into one
-    buffer in the order a forward reads them (utils/mem_utils.py); returns how many were packed."""
-    todo = [m for m in model.modules() if isinstance(m, PackableWeight) and getattr(m, "weight", None) is not None
-            and m.weight.dtype in (torch.float32, torch.bfloat16) and m.weight.device.type == "cpu"]
-    for module in todo:
-        module.pack()
-    move_into_one_buffer([m.packed for m in todo if m.packed.panels is not None], "panels")
-    return len(todo)
-
-
-def cpu_packed_linear_available() -> bool:
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        return dispatch_unquantized_gemm(layer)(layer, x, layer.weight, bias)
 
 
 def default_weight_loader(param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
@@ -108,7 +55,7 @@ def default_weight_loader(param: nn.Parameter, loaded_weight: torch.Tensor) -> N
         param.copy_(loaded_weight)
 
 
-class LinearBase(PackableWeight, nn.Module):
+class LinearBase(nn.Module):
     """weight [output_size_per_partition, input_size_per_partition]: this rank's shard only."""
 
     def __init__(self, input_size: int, output_size: int, bias: bool, *, input_size_per_partition: int,
@@ -117,7 +64,7 @@ class LinearBase(PackableWeight, nn.Module):
         tp = get_tp_group()
         self.tp_rank, self.tp_size = tp.rank_in_group, tp.world_size
         self.input_size, self.output_size, self.prefix = input_size, output_size, prefix
-        self.packed: PackedLinear | None = None
+        self.quant_method = UnquantizedLinearMethod()
         self.input_size_per_partition = input_size_per_partition
         self.output_size_per_partition = output_size_per_partition
         self.weight = nn.Parameter(torch.empty(output_size_per_partition, input_size_per_partition),
@@ -130,6 +77,14 @@ class LinearBase(PackableWeight, nn.Module):
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id=None) -> None:
         raise NotImplementedError
+
+    def local_bias(self) -> torch.Tensor | None:
+        """The bias this rank adds in its own matmul."""
+        return self.bias
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """x times this rank's shard, plus local_bias()."""
+        return self.quant_method.apply(self, x, self.local_bias())
 
     def extra_repr(self) -> str:
         return (f"in_features={self.input_size_per_partition}, out_features={self.output_size_per_partition}, "

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from minivllm import envs
-from minivllm.models.linear import cpu_packed_linear_available, pack_linear_weights
+from minivllm.utils.mem_utils import move_into_one_buffer
 from minivllm.utils.math_utils import is_number
 
 logger = logging.getLogger("minivllm")
@@ -70,7 +70,7 @@ def resolve_model(model: str | None) -> Path:
 
 
 def file_sha256(path: Path, chunk: int = 1 << 20) -> str:
-    """sha256 of a file's bytes, read 1 MiB at a time (the bundled 98 MB SmolLM2 GGUF: 0.07-0.2 s)."""
+    """sha256 of a file's bytes, read 1 MiB at a time."""
     sha = hashlib.sha256()
     with open(path, "rb") as f:
         while block := f.read(chunk):
@@ -176,6 +176,17 @@ def model_class_for(config) -> type[torch.nn.Module]:
     return {"llama": LlamaForCausalLM, "opt": OPTForCausalLM}[config.model_type]
 
 
+def process_weights_after_loading(model: torch.nn.Module) -> None:
+    """vLLM's model_loader/utils.py step after the weights are in: each layer's quant_method finishes its own
+    (on the CPU, the linear weights are packed for the GEMMs, models/utils.py). Then the C GEMM's panels move
+    into one buffer in the order a forward reads them (utils/mem_utils.py), which vLLM does not do."""
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        if method is not None:
+            method.process_weights_after_loading(module)
+    move_into_one_buffer([m for m in model.modules() if getattr(m, "gemm_panels", None) is not None], "gemm_panels")
+
+
 def get_model(folder: Path, config, max_model_len: int, dtype: torch.dtype, device) -> torch.nn.Module:
     """Build the model (this rank's shard of it under tensor parallelism) and load its weights."""
     model = model_class_for(config)(config, max_model_len)
@@ -184,6 +195,5 @@ def get_model(folder: Path, config, max_model_len: int, dtype: torch.dtype, devi
     if torch.device(device).type == "cpu" and dtype in (torch.float32, torch.bfloat16):
         from minivllm import _C
         _C.load()  # build (first time) or load the compiled CPU ops now, not inside the first step
-        if cpu_packed_linear_available() and envs.cpu_packed_linear():
-            pack_linear_weights(model)  # the CPU GEMM fast path; weights themselves are unchanged
+    process_weights_after_loading(model)
     return model

@@ -23,7 +23,7 @@ class LogitsProcessor(nn.Module):
         self.vocab_size = vocab_size
 
     def forward(self, lm_head: ParallelLMHead, hidden_states: torch.Tensor) -> torch.Tensor:
-        logits = lm_head.matmul(hidden_states)  # [num_logits, vocab_size / tp]: this rank's ids
+        logits = lm_head.quant_method.apply(lm_head, hidden_states)  # [num_logits, vocab / tp]: this rank's ids
         if lm_head.tp_size > 1:
             logits = tensor_model_parallel_all_gather(logits, dim=-1)  # [num_logits, padded vocab], every rank
         return logits[..., :self.vocab_size]

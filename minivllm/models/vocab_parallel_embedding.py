@@ -18,7 +18,7 @@ from torch import nn
 
 from minivllm.distributed.communication_op import tensor_model_parallel_all_reduce
 from minivllm.distributed.parallel_state import get_tp_group
-from minivllm.models.linear import PackableWeight
+from minivllm.models.linear import UnquantizedLinearMethod
 from minivllm.utils.math_utils import cdiv
 
 
@@ -59,20 +59,20 @@ class VocabParallelEmbedding(nn.Module):
                 f"vocab_range=[{self.vocab_start_index}, {self.vocab_end_index}), tp_size={self.tp_size}")
 
 
-class ParallelLMHead(PackableWeight, VocabParallelEmbedding):
-    """hidden_states @ W^T for this rank's vocabulary range only: [num_logits, num_embeddings_per_partition]."""
+class ParallelLMHead(VocabParallelEmbedding):
+    """hidden_states @ W^T for this rank's vocabulary range only: [num_logits, num_embeddings_per_partition],
+    through `quant_method.apply` (LogitsProcessor calls it). vLLM gives the head its UnquantizedEmbeddingMethod;
+    the head is only ever a matmul here, so it has the linear one, which on the CPU drops the head's own
+    reference to the unpacked weight once packed (a tied embedding keeps its own)."""
 
     def __init__(self, num_embeddings: int, embedding_dim: int, prefix: str = "") -> None:
         super().__init__(num_embeddings, embedding_dim, prefix)
-        self.packed = None
+        self.quant_method = UnquantizedLinearMethod()
 
     def tie_weights(self, embed_tokens: VocabParallelEmbedding) -> "ParallelLMHead":
         """Share the input embedding's shard (tie_word_embeddings): the same rows, the same range."""
         self.weight = embed_tokens.weight
         return self
-
-    def local_bias(self) -> None:
-        return None
 
     def forward(self, input_):
         raise RuntimeError("ParallelLMHead is applied by LogitsProcessor (model.compute_logits), not called")

@@ -14,12 +14,10 @@ raw_logprobs.
 
 Where we differ from vLLM: vLLM draws with the exponential race (argmax of
 probs / Exp(1) noise, one exponential number per vocabulary entry). Both draw
-exactly from the row's distribution; on this CPU torch's exponential_ costs
-about 0.9 ms per row of SmolLM2's 49,152 entries (35 ms of a 32-request decode
-step of 60-80 ms, measured 2026-12-05), the cumulative sum and lookup 0.03 ms.
-A seeded request's tokens are therefore reproducible here, not equal to vLLM's.
-And greedy_sample finds each row's argmax in two passes (see there): torch's own CPU argmax runs at about a
-nanosecond an entry, 1.2 ms for 32 rows of SmolLM2's vocabulary; the ids it returns are the same.
+exactly from the row's distribution; on the CPU one exponential number per
+vocabulary entry costs far more than a cumulative sum and one lookup, so
+minivllm draws by inverse CDF. A seeded request's tokens are therefore
+reproducible here, not equal to vLLM's.
 """
 from __future__ import annotations
 
@@ -90,24 +88,9 @@ class Sampler:
         return SamplerOutput(sampled, self._logprobs(raw, sampled, md.max_num_logprobs))
 
     @staticmethod
-    def greedy_sample(logits: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
-        """logits.argmax(dim=-1), the same ids (the first of tied maxima; the first NaN, as torch's argmax takes NaN
-        for the largest), found in two passes. torch's CPU argmax tracks an index per entry and does not vectorize
-        (2026-12-06, this VM: 1.18 ms for 32 rows of 49,152, 3.8 ms for 128), while amax does: each row's maxima
-        of chunks of `chunk` entries first (a trailing partial chunk is one more), then the argmax of the first
-        chunk holding the row's maximum, gathered. 32 rows: 0.17 ms; 1 row: 30 instead of 44 us."""
-        rows, vocab = logits.shape
-        n = vocab // chunk
-        if n < 2:
-            return logits.argmax(dim=-1)
-        whole = n * chunk
-        maxima = logits[:, :whole].reshape(rows, n, chunk).amax(dim=-1)  # [rows, n]
-        if whole < vocab:
-            maxima = torch.cat([maxima, logits[:, whole:].amax(dim=-1, keepdim=True)], dim=1)
-        first = maxima.argmax(dim=-1, keepdim=True)  # [rows, 1]: the first chunk holding the maximum
-        # that chunk's entries (the partial chunk's index clamped to the last entry: repeats come after it)
-        columns = (first * chunk + torch.arange(chunk, device=logits.device)).clamp_(max=vocab - 1)
-        return first.squeeze(1) * chunk + logits.gather(1, columns).argmax(dim=-1)
+    def greedy_sample(logits: torch.Tensor) -> torch.Tensor:
+        """Each row's argmax: the first of tied maxima (vLLM's greedy_sample)."""
+        return logits.argmax(dim=-1).view(-1)
 
     def _sample(self, logits: torch.Tensor, md: SamplingMetadata, greedy: torch.Tensor) -> torch.Tensor:
         random = self.draw(self.compute_probs(logits, md), md.generators)

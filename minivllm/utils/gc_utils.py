@@ -2,21 +2,19 @@
 
 Python's cyclic collector now and then walks every object it tracks (a generation-2 collection). An engine
 that has just started holds many of them for good: the model's modules and parameters, the CPU graphs' recorded
-calls and their ctypes arguments, the tokenizer. Measured in SmolLM2's EngineCore on a 2-core AMD EPYC, each
-full collection took 70-180 ms, and one fell inside a decode step of the first real batch, so the user's first
-batch ran up to 1.13x the second. `gc.freeze()` moves everything alive at that moment into a generation the
-collector never walks again; what the engine allocates later is collected as before.
+calls and their ctypes arguments, the tokenizer. Each full collection then walks all of them, and one that
+falls inside a decode step of the first real batch makes the user's first batch slower than the second.
+`gc.freeze()` moves everything alive at that moment into a generation the collector never walks again; what the
+engine allocates later is collected as before.
 vLLM calls it at the end of EngineCore's start-up, after its workers' warm-up, and in the API server's lifespan,
 and undoes it (`gc.unfreeze`) when EngineCore shuts down, so that an engine built and dropped in one process
 (a test, a notebook) can still be collected: minivllm calls it in the same places, and unfreezes again when its
 API server's lifespan ends (a server run in a thread; vLLM's server process simply exits).
 
 `gc_paused` is minivllm's own (vLLM has none): start-up builds objects that nearly all live on, and while
-the heap grows the collector keeps walking all of it (SmolLM2's EngineCore child made four full passes of 80-160
-ms while transformers imported, before the model was loaded). LLMEngine and the EngineCore child build with the
-collector off, and freeze_gc_heap's collection at the end of start-up finds whatever cycles it left:
-`LLM(dtype="bfloat16")` took 7.07-7.67 s instead of 7.69-8.35 s on that machine (fresh processes, three
-alternating runs, EngineCore's spawn and imports included).
+the heap grows the collector keeps walking all of it (SmolLM2's EngineCore child made several full passes while
+transformers imported, before the model was loaded). LLMEngine and the EngineCore child build with the
+collector off, and freeze_gc_heap's collection at the end of start-up finds whatever cycles it left.
 """
 from __future__ import annotations
 

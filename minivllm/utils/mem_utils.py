@@ -5,12 +5,10 @@ The KV cache is allocated on transparent huge pages (`zeros`): attention reads i
 hundreds of MB, a TLB miss every 4 KiB page on small pages.
 
 A decode step reads every weight of the model once, one GEMM after the other. Packed one by one, each
-PackedLinear's panels sit in their own allocation, between the oneDNN copies of the same weights (packed just
-before them). Moved into one buffer, back to back in the order a forward uses them, they stream as one run, and
-the buffer is advised for transparent huge pages (Linux; fewer TLB misses over hundreds of MB). Measured on a
-2-core AMD EPYC (README, "One buffer for the weights"): SmolLM2's 121 decode GEMMs 1.2x faster at one row, 1.14x
-at 12, 1.04x at 32; two engines side by side in one process, the 32-request workload 1.02-1.05x and one request's
-decode 1.05-1.31x, in every round.
+layer's C GEMM panels (models/utils.py) sit in their own allocation, between the oneDNN copies of the same
+weights (packed just before them). Moved into one buffer, back to back in the order a forward uses them (the
+loader's process_weights_after_loading), they stream as one run, and the buffer is advised for transparent huge
+pages (Linux; fewer TLB misses over hundreds of MB). The README's "One buffer for the weights" has the numbers.
 """
 from __future__ import annotations
 
@@ -46,7 +44,7 @@ def huge_page_bytes(nbytes: int) -> torch.Tensor:
 
 def zeros(shape, dtype: torch.dtype, device) -> torch.Tensor:
     """torch.zeros, on huge pages on the CPU: the KV cache, whose blocks attention reads scattered over hundreds
-    of MB (the 32-request workload 1.01-1.04x, two engines alternating in one process)."""
+    of MB."""
     if torch.device(device).type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
     nbytes = torch.Size(shape).numel() * dtype.itemsize

@@ -25,12 +25,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define AI static inline __attribute__((always_inline))
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
 #define DTYPE_F32 0
 #define DTYPE_BF16 1
 typedef uint16_t bf16;
 
-AI float bf16_to_f32(bf16 v) {
+ALWAYS_INLINE float bf16_to_f32(bf16 v) {
     uint32_t u = (uint32_t)v << 16;
     float f;
     memcpy(&f, &u, sizeof f);
@@ -38,7 +38,7 @@ AI float bf16_to_f32(bf16 v) {
 }
 
 /* Round to nearest even, as torch's float -> bfloat16; a NaN stays a (quiet) NaN. */
-AI bf16 f32_to_bf16(float f) {
+ALWAYS_INLINE bf16 f32_to_bf16(float f) {
     uint32_t u;
     memcpy(&u, &f, sizeof u);
     if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16)((u >> 16) | 0x40);
@@ -46,19 +46,21 @@ AI bf16 f32_to_bf16(float f) {
 }
 
 /* Element i of a float32 or bf16 array, as float; `bf` is a constant wherever these inline. */
-AI float load(const void *p, int64_t i, int bf) { return bf ? bf16_to_f32(((const bf16 *)p)[i]) : ((const float *)p)[i]; }
-AI void store(void *p, int64_t i, float v, int bf) {
+ALWAYS_INLINE float load(const void *p, int64_t i, int bf) {
+    return bf ? bf16_to_f32(((const bf16 *)p)[i]) : ((const float *)p)[i];
+}
+ALWAYS_INLINE void store(void *p, int64_t i, float v, int bf) {
     if (bf) ((bf16 *)p)[i] = f32_to_bf16(v);
     else ((float *)p)[i] = v;
 }
 /* What one PyTorch op in this dtype leaves behind: v itself in float32, v rounded to bf16 in bf16. */
-AI float rnd(float v, int bf) { return bf ? bf16_to_f32(f32_to_bf16(v)) : v; }
-AI int64_t elem_size(int bf) { return bf ? 2 : 4; }
+ALWAYS_INLINE float rnd(float v, int bf) { return bf ? bf16_to_f32(f32_to_bf16(v)) : v; }
+ALWAYS_INLINE int64_t elem_size(int bf) { return bf ? 2 : 4; }
 
 /* e^x in float32 to about 1 ulp, written so that gcc vectorizes it inside `omp simd` loops:
  * x = n ln2 + r with |r| <= ln2 / 2 (ln2 split in two for an exact product), e^r by a degree-6
  * polynomial, 2^n put straight into the exponent bits. Inputs are clamped to [-87.3, 88.7]. */
-AI float exp_f32(float x) {
+ALWAYS_INLINE float exp_f32(float x) {
     x = x < -87.3f ? -87.3f : x > 88.7f ? 88.7f : x;  /* not fminf/fmaxf: those stay scalar libm calls */
     float n = floorf(fmaf(x, 1.44269504088896341f, 0.5f));
     float r = fmaf(n, -0.693359375f, x);
@@ -77,19 +79,19 @@ AI float exp_f32(float x) {
 }
 
 /* AVX-512, where the build machine has it: 16 floats per register, for the vector paths of
- * cpu_attn.c and gemm.c (the elementwise ops rely on `omp simd` instead). */
+ * cpu_attn_avx512*.c and gemm.c (the elementwise ops rely on `omp simd` instead). */
 #ifdef __AVX512F__
 #include <immintrin.h>
 
 /* 16 elements from i on, as float32: bf16 widened by a 16-bit shift (exact). */
-AI __m512 load16(const void *p, int64_t i, int bf) {
+ALWAYS_INLINE __m512 load16(const void *p, int64_t i, int bf) {
     if (!bf) return _mm512_loadu_ps((const float *)p + i);
     __m256i raw = _mm256_loadu_si256((const __m256i *)((const bf16 *)p + i));
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
 }
 
 /* 16 floats rounded to bf16 (round to nearest even; a NaN stays a quiet NaN), as f32_to_bf16 does one. */
-AI __m256i f32x16_to_bf16(__m512 v) {
+ALWAYS_INLINE __m256i f32x16_to_bf16(__m512 v) {
 #ifdef __AVX512BF16__
     return (__m256i)_mm512_cvtneps_pbh(v);  /* round to nearest even in one instruction */
 #else
@@ -102,18 +104,18 @@ AI __m256i f32x16_to_bf16(__m512 v) {
 #endif
 }
 
-AI void store16(void *p, int64_t i, __m512 v, int bf) {
+ALWAYS_INLINE void store16(void *p, int64_t i, __m512 v, int bf) {
     if (bf) _mm256_storeu_si256((__m256i *)((bf16 *)p + i), f32x16_to_bf16(v));
     else _mm512_storeu_ps((float *)p + i, v);
 }
 
 /* rnd on 16 lanes: v in float32, v rounded to bf16 (and widened back, exactly) in bf16. */
-AI __m512 rnd16(__m512 v, int bf) {
+ALWAYS_INLINE __m512 rnd16(__m512 v, int bf) {
     return bf ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(f32x16_to_bf16(v)), 16)) : v;
 }
 
 /* exp_f32 on 16 lanes, the same operations in the same order (so the same bits). */
-AI __m512 exp16(__m512 x) {
+ALWAYS_INLINE __m512 exp16(__m512 x) {
     x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.7f)), _mm512_set1_ps(-87.3f));
     __m512 n = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
                                     _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);

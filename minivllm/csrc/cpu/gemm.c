@@ -41,7 +41,7 @@ int64_t panel_width(void) { return PANEL; }  /* the packed layout's panel, read 
 
 #ifdef __AVX512F__
 /* Which of a panel's two 16-column vectors' lanes hold one of its first `cols` columns. */
-AI __mmask16 panel_mask(int64_t cols, int half) {
+ALWAYS_INLINE __mmask16 panel_mask(int64_t cols, int half) {
     int64_t c = cols - 16 * half;
     return c >= 16 ? (__mmask16)0xFFFF : c <= 0 ? (__mmask16)0 : (__mmask16)((1u << c) - 1);
 }
@@ -60,8 +60,8 @@ void pack_linear_weight(float *packed, const float *weight, int64_t n, int64_t k
 
 /* One tile: `rows` (<= ROWS) rows of x times one panel, plus bias, into the first `cols` columns of out. */
 #ifndef __AVX512F__
-AI void linear_tile(float *out, int64_t out_stride, const float *x, int64_t x_stride, const float *panel, int64_t k,
-                    const float *bias, int64_t cols, int rows) {
+ALWAYS_INLINE void linear_tile(float *out, int64_t out_stride, const float *x, int64_t x_stride, const float *panel,
+                               int64_t k, const float *bias, int64_t cols, int rows) {
     float acc[ROWS][PANEL] = {{0}};
     for (int64_t kk = 0; kk < k; kk++)
         for (int r = 0; r < rows; r++) {
@@ -73,8 +73,8 @@ AI void linear_tile(float *out, int64_t out_stride, const float *x, int64_t x_st
         for (int64_t j = 0; j < cols; j++) out[r * out_stride + j] = acc[r][j] + (bias ? bias[j] : 0.0f);
 }
 #else
-AI void linear_tile(float *out, int64_t out_stride, const float *x, int64_t x_stride, const float *panel, int64_t k,
-                    const float *bias, int64_t cols, int rows) {
+ALWAYS_INLINE void linear_tile(float *out, int64_t out_stride, const float *x, int64_t x_stride, const float *panel,
+                               int64_t k, const float *bias, int64_t cols, int rows) {
     __m512 acc[ROWS][2];
     for (int r = 0; r < rows; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
     for (int64_t kk = 0; kk < k; kk++) {
@@ -108,7 +108,7 @@ void linear_small_batch(float *out, const float *x, const float *packed, const f
  * the panel's 32 columns side by side (an odd k gets a zero partner). With AVX512_BF16 one vdpbf16ps then
  * multiplies 16 columns' pairs by a row's pair of x values (broadcast as one 32-bit lane) and adds both
  * products into float32 accumulators: 32 multiply-adds per instruction, the weights read once per 12 rows
- * (24 accumulators; 12 measured a little ahead of 8 from 16 rows up). The
+ * (24 accumulators; benchmarks/decode_gemm.py compares 8 and 12 rows). The
  * output is rounded to bf16 once, after the bias, as oneDNN's bf16 linear does. Without AVX512_BF16 the plain-C
  * tile computes the same sums (the Python side then keeps bf16 on oneDNN, where this tile would be slower). */
 
@@ -135,7 +135,7 @@ void pack_linear_weight_bf16(uint16_t *packed, const uint16_t *weight, int64_t n
 }
 
 /* x's pair (kk, kk + 1) of row r as one 32-bit word; the partner of an odd k's last element is zero. */
-AI uint32_t x_pair(const uint16_t *x, int64_t kk, int64_t k) {
+ALWAYS_INLINE uint32_t x_pair(const uint16_t *x, int64_t kk, int64_t k) {
     return (uint32_t)x[kk] | (kk + 1 < k ? (uint32_t)x[kk + 1] << 16 : 0u);
 }
 
@@ -145,10 +145,10 @@ AI uint32_t x_pair(const uint16_t *x, int64_t kk, int64_t k) {
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
 /* `stream`: this is the panel's first row tile, the one that reads it from memory. It then prefetches the panel
  * PF_AHEAD k pairs ahead, into the next panel at its end (they lie back to back). The out-of-order window alone
- * keeps too few lines in flight once a k pair carries 24 dot products: 12 rows streamed 1.10x faster with it,
- * 16 rows 1.05x, 24 rows 1.10x, 32 level, 1-10 rows level to 1.07x (README, 2026-12-07). */
-AI void linear_tile_bf16(uint16_t *out, int64_t out_stride, const uint16_t *x, int64_t x_stride, const uint16_t *panel,
-                         int64_t k, const uint16_t *bias, int64_t cols, int rows, int stream) {
+ * keeps too few lines in flight once a k pair carries 24 dot products. */
+ALWAYS_INLINE void linear_tile_bf16(uint16_t *out, int64_t out_stride, const uint16_t *x, int64_t x_stride,
+                                    const uint16_t *panel, int64_t k, const uint16_t *bias, int64_t cols, int rows,
+                                    int stream) {
     __m512 acc[ROWS_BF16][2];
     int64_t pairs = (k + 1) / 2, whole = k / 2;
     for (int r = 0; r < rows; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
@@ -185,8 +185,9 @@ AI void linear_tile_bf16(uint16_t *out, int64_t out_stride, const uint16_t *x, i
     }
 }
 #else
-AI void linear_tile_bf16(uint16_t *out, int64_t out_stride, const uint16_t *x, int64_t x_stride, const uint16_t *panel,
-                         int64_t k, const uint16_t *bias, int64_t cols, int rows, int stream) {
+ALWAYS_INLINE void linear_tile_bf16(uint16_t *out, int64_t out_stride, const uint16_t *x, int64_t x_stride,
+                                    const uint16_t *panel, int64_t k, const uint16_t *bias, int64_t cols, int rows,
+                                    int stream) {
     (void)stream;
     float acc[ROWS_BF16][PANEL] = {{0}};
     int64_t pairs = (k + 1) / 2;
