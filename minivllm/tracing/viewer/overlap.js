@@ -85,10 +85,10 @@ function timeline(model, s, prev) {
     el("div", {class: "tl-lane tl-axis"}, el("span", {class: "tl-name"}, "ms"), el("div", {class: "tl-track"}, ticks)),
     el("p", {class: "tl-caption", "data-overlap": overlap ? "yes" : "no"}, pieces.join("; ") + ".",
        el("br"), el("span", {class: "note"}, "To scale, times from time.monotonic() in EngineCore and the worker. ",
-                    el("span", {class: "key execute"}, "execute_model"), " the forward, ",
-                    el("span", {class: "key queued"}, "hatched"), " scheduled, waiting for the worker, ",
-                    el("span", {class: "key tick"}, "│"), " schedule() began",
-                    overlap ? [", ", el("span", {class: "key overlap"}, "band"), " the overlap"] : "", ".")));
+                    el("span", {class: "key execute"}), " execute_model (the forward) ",
+                    el("span", {class: "key queued"}), " scheduled, waiting in the batch queue for the worker ",
+                    el("span", {class: "key tick"}), " schedule() began",
+                    overlap ? [" ", el("span", {class: "key overlap"}), " the overlap"] : "", ".")));
 }
 
 // num_output_placeholders after schedule(): per running request, the tokens scheduled whose values are not known yet.
