@@ -19,7 +19,8 @@ from pathlib import Path
 
 
 # Concatenated in this order into one <script>: the model, then the panels, then the header and the navigation.
-SCRIPTS = ("model.js", "panels.js", "panels2.js", "panels3.js", "header.js", "viewer.js")
+SCRIPTS = ("aliases.js", "model.js", "panels.js", "overlap.js", "panels2.js", "panels3.js", "header.js",
+           "viewer.js")
 CONFIG_FIELDS = ("max_num_batched_tokens", "max_num_seqs", "enable_prefix_caching")
 
 

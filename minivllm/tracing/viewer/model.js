@@ -9,28 +9,6 @@
 const EVENT_KINDS = ["admission", "prefix hit", "preemption", "resume", "lazy eviction", "rejection", "finish"];
 const SPEC_KINDS = ["rejection"];
 
-// A server's request ids are long ("cmpl-" and 32 hex digits): each panel draws a short alias instead, the
-// first characters after the prefix (more where two would clash; an n > 1 child's "i_" kept), the full id
-// on hover. Offline ids ("0", "1", ...) are short and drawn as they are.
-const LONG_ID = 12;
-function shortIds(ids) {
-  const out = Object.fromEntries(ids.map((id) => [id, id]));
-  const parts = ids.filter((id) => id.length > LONG_ID).map((id) => {
-    const m = /^(\d+_)?(?:[A-Za-z]+-)?(.*)$/.exec(id);
-    return [id, m[2], m[1] || ""];
-  });
-  const longest = Math.max(0, ...parts.map(([, core]) => core.length));
-  for (let k = 4; k <= longest; k++) {
-    const names = parts.map(([, core, child]) => child + (k < core.length ? core.slice(0, k) + "…" : core));
-    const taken = new Set(ids.filter((id) => id.length <= LONG_ID));
-    if (new Set(names).size === names.length && names.every((n) => !taken.has(n))) {
-      parts.forEach(([id], i) => { out[id] = names[i]; });
-      break;
-    }
-  }
-  return out;  // no k gave unique names: the full ids
-}
-
 function buildModel(data) {
   const trace = data.trace, info = trace.info, config = data.config || {};
   const bs = info.block_size;
@@ -44,7 +22,10 @@ function buildModel(data) {
   const finishedAt = {};      // request id -> {step, reason}
   const steps = [];
   let queues = {waiting: [], running: []}; // the last recorded WAITING and RUNNING
-  let cur = null;
+  // Async scheduling: step N + 1 is scheduled before step N's execute and update events arrive, so those are
+  // matched to their step by number, and the caller's outputs to the step last updated.
+  let cur = null, done = null;
+  const byN = new Map();      // step number -> step
   // Every request id in the trace, first seen first, and its alias for the panels (A(id)).
   const seen = new Set();
   for (const e of trace.events) {
@@ -82,21 +63,24 @@ function buildModel(data) {
     } else if (e.kind === "schedule") {
       cur = scheduleStep(e);
       steps.push(cur);
+      byN.set(cur.n, cur);
     } else if (e.kind === "execute" && cur) {
-      cur.execute = e;
-      cur.logitsRows = logitsRows(e.batch);
+      const at = byN.get(e.step) || cur;
+      at.execute = e;
+      at.logitsRows = logitsRows(e.batch);
     } else if (e.kind === "update" && cur) {
-      cur.update = e;
-      cur.verify = verification(cur, e.spec_decode || {});
-      if (cur.verify.length) speculative = true;
-      for (const v of cur.verify) {
+      const at = done = byN.get(e.step) || cur;
+      at.update = e;
+      at.verify = verification(at, e.spec_decode || {});
+      if (at.verify.length) speculative = true;
+      for (const v of at.verify) {
         if (v.rejected === null) continue;
         computed[v.req] = v.to;  // update_from_output rolls num_computed_tokens back over the rejected drafts
         if (v.rejected > 0) {
-          cur.events.push({kind: "rejection", req: v.req,
-                           text: `${A(v.req)} verified ${v.drafts.length} draft${v.drafts.length === 1 ? "" : "s"}: ` +
-                                 `${v.accepted} accepted, ${v.rejected} rejected; num_computed_tokens ${v.from} -> ` +
-                                 `${v.to} (rolled back ${v.rejected})`});
+          at.events.push({kind: "rejection", req: v.req,
+                          text: `${A(v.req)} verified ${v.drafts.length} draft${v.drafts.length === 1 ? "" : "s"}: ` +
+                                `${v.accepted} accepted, ${v.rejected} rejected; num_computed_tokens ${v.from} -> ` +
+                                `${v.to} (rolled back ${v.rejected})`});
         }
       }
       for (const o of e.outputs) {
@@ -104,16 +88,17 @@ function buildModel(data) {
         if (o.finish_reason) {
           finishedAt[o.request_id] = {step: e.step, reason: o.finish_reason};
           release(o.request_id);
-          cur.events.push({kind: "finish", req: o.request_id,
-                           text: `${A(o.request_id)} finished (${o.finish_reason}); blocks [${(e.freed[o.request_id] || []).join(", ")}] returned`});
+          at.events.push({kind: "finish", req: o.request_id,
+                          text: `${A(o.request_id)} finished (${o.finish_reason}); blocks [${(e.freed[o.request_id] || []).join(", ")}] returned`});
         }
       }
       queues = {waiting: e.waiting.slice(), running: e.running.slice()};
-      cur.afterUpdate = {waiting: queues.waiting, running: queues.running, numFree: e.num_free_blocks};
+      at.afterUpdate = {waiting: queues.waiting, running: queues.running, numFree: e.num_free_blocks};
     } else if (e.kind === "outputs" && cur) {
-      cur.outputs = e;
+      const at = done || cur;  // the caller's outputs of the step last updated
+      at.outputs = e;
       for (const o of e.outputs) texts[o.request_id] = o.text;
-      cur.texts = Object.assign({}, texts);
+      at.texts = Object.assign({}, texts);
     } else if (e.kind === "window") {  // the live page's window: token counts as of its first step
       Object.assign(numTokens, e.num_tokens);
     } else if (e.kind === "abort") {

@@ -41,7 +41,8 @@ function queue(model, name, ids) {
             ids.length ? ids.map((id) => chip(model, id)) : el("span", {class: "empty"}, "empty"));
 }
 
-// Panel 1: which process ran each stage of EngineCore.step().
+// Panel 1: which process ran each stage of EngineCore.step(); with async scheduling, how two steps overlap
+// (overlap.js).
 function stagesPanel(model, s) {
   const where = (e) => e ? `${e.process} (pid ${e.pid})` : "not recorded";
   const boundary = model.multiprocess ? "EngineCore ran in a child process; its events crossed the IPC queue"
@@ -58,7 +59,7 @@ function stagesPanel(model, s) {
        stage("update_from_output()", s.update, s.update ? `${s.update.outputs.length} EngineCoreOutputs` : ""),
        el("span", {class: "arrow"}, "⇒"),
        stage("LLMEngine.step(): output processing", s.outputs, s.outputs ? "detokenize, RequestOutputs" : "")),
-    el("p", {class: "note"}, boundary));
+    el("p", {class: "note"}, boundary), asyncView(model, s));
 }
 
 // Panel 2: the queues just before and right after schedule().
