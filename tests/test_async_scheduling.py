@@ -282,3 +282,54 @@ def test_through_the_server_streamed_and_whole_equal_with_it_on_and_off(tiny_lla
         finally:
             thread.stop()
     assert texts[True] == texts[False]
+
+
+def test_a_health_check_does_not_wait_for_the_step_in_flight(tiny_llama_folder):
+    """EngineCore's busy loop checks health when its input queue is empty; with a step in flight on the executor's
+    thread that check must not wait for it, or nothing would ever be scheduled during a forward (a handshake: the
+    step blocks on an event until the check has returned)."""
+    import threading
+
+    from minivllm.executor.uniproc_executor import UniProcExecutor
+    llm = LLM(str(tiny_llama_folder), max_model_len=128, multiprocess=False, async_scheduling=True)
+    try:
+        executor = llm.llm_engine.engine_core.engine_core.model_executor
+        assert isinstance(executor, UniProcExecutor)
+        entered, release = threading.Event(), threading.Event()
+
+        def blocked(worker):
+            entered.set()
+            assert release.wait(60), "the test never released the step"  # bounds a hang, never reached normally
+            return "done"
+
+        future = executor.collective_rpc(blocked, non_block=True)
+        assert entered.wait(60)
+        checked = threading.Thread(target=executor.check_health)
+        checked.start()
+        checked.join(30)
+        returned_while_blocked = not checked.is_alive()
+        release.set()
+        assert future.result() == ["done"] and returned_while_blocked
+    finally:
+        llm.shutdown()
+
+
+def test_a_trace_opened_after_an_async_run_numbers_its_own_steps(tiny_llama_folder):
+    """A run leaves an empty step in the batch queue; a trace opened afterwards skips its update, so step 1 of the
+    trace is the one that admitted the traced request, with its own packed batch."""
+    from minivllm.tracing import run_traced
+    llm = LLM(str(tiny_llama_folder), max_model_len=128, multiprocess=False, async_scheduling=True)
+    try:
+        llm.generate(PROMPTS[:2], SamplingParams(temperature=0, max_tokens=3), use_tqdm=False)
+        assert llm.llm_engine.engine_core.engine_core.batch_queue  # the empty step still in flight
+        trace = run_traced(llm, [("Once upon a time", SamplingParams(temperature=0, max_tokens=4))])
+        for step, events in trace.by_step().items():
+            if "execute" in events:
+                assert events["execute"]["batch"]["num_scheduled_tokens"] == \
+                    list(events["schedule"]["num_scheduled_tokens"].values()), step
+                applied = {o["request_id"]: o["new_token_ids"] for o in events["update"]["outputs"]}
+                assert applied == {r: [t] for r, t in events["execute"]["sampled"].items()}, step
+        first = trace.by_step()[1]
+        assert first["schedule"]["scheduled_new_reqs"] and first["execute"]["batch"]["positions"][0] == 0
+    finally:
+        llm.shutdown()

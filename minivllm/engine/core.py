@@ -153,7 +153,7 @@ class EngineCore:
         `session` (the live /trace page's) is written into each event, so that a later session skips it."""
         from minivllm.tracing.tracer import EngineTracer
         self.disable_tracing()
-        self.tracer = EngineTracer(self.model_executor, session, self.scheduler)
+        self.tracer = EngineTracer(self.model_executor, session, self.scheduler, len(self.batch_queue or ()))
         self.scheduler.observers.append(self.tracer)
 
     def disable_tracing(self) -> None:
@@ -210,7 +210,8 @@ def run_busy_loop(core: EngineCore, input_queue, send, parent_pid: int) -> None:
             message = None
             if os.getppid() != parent_pid:  # the caller is gone: do not outlive it
                 return
-            core.model_executor.check_health()  # a worker process that died while idle ends the engine now
+            if idle:  # a worker process that died while idle ends the engine now (a busy step finds it anyway)
+                core.model_executor.check_health()
         while message is not None:
             if isinstance(message, Shutdown):
                 return

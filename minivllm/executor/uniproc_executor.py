@@ -40,6 +40,9 @@ class UniProcExecutor(Executor):
         self._in_flight = []
         return [call(*args, **(kwargs or {}))]
 
+    def check_health(self) -> None:
+        return  # the one worker lives in this process: while this runs, it is alive (and a step in flight is not waited for)
+
     def _thread(self) -> concurrent.futures.ThreadPoolExecutor:
         """One thread, so steps run one after the other; it runs torch with this thread's thread count."""
         if self._step_thread is None:

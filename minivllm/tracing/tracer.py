@@ -107,7 +107,7 @@ def take_step(worker) -> dict[str, Any] | None:
 class EngineTracer:
     """A Scheduler observer (Scheduler.observers): each hook gets the scheduler, then the call's arguments."""
 
-    def __init__(self, model_executor, session: int | None = None, scheduler=None) -> None:
+    def __init__(self, model_executor, session: int | None = None, scheduler=None, steps_in_flight: int = 0) -> None:
         self.model_executor = model_executor
         self.tensor_parallel = model_executor.config.tensor_parallel_size > 1
         # the overlap is the point of async scheduling: time the stages (one in-process worker: see on_update)
@@ -122,6 +122,7 @@ class EngineTracer:
                 return schedule()
             scheduler.schedule = timed_schedule
         self._in_flight: deque[int] = deque()  # steps scheduled, their outputs not applied yet (async: two)
+        self._untraced = steps_in_flight  # async: steps scheduled before the trace opened, their updates skipped
         self.session = session
         self.events: list[dict[str, Any]] = []
         self.step = 0
@@ -165,8 +166,9 @@ class EngineTracer:
         self._emit("schedule", **describe_schedule(scheduler, so, self.step, self._blocks), **timing)
 
     def on_update(self, scheduler, so, model_output, outputs) -> None:
-        if not self._in_flight:
-            return  # a step scheduled before the trace was opened
+        if self._untraced:  # a step scheduled before the trace was opened
+            self._untraced -= 1
+            return
         step = self._in_flight.popleft()
         worker = getattr(self.model_executor, "driver_worker", None)
         # One worker in this process: read its record directly, so the trace does not wait for the step in flight
