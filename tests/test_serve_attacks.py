@@ -243,7 +243,9 @@ def test_a_logit_bias_error_is_one_short_line(server):
 @pytest.mark.parametrize("path, field, value", [
     ("/chat/completions", "response_format", {"type": "json_object"}),
     ("/chat/completions", "tools", [{"type": "function", "function": {"name": "f", "parameters": {}}}]),
-    ("/completions", "prompt_logprobs", 1)])
+    ("/completions", "prompt_logprobs", 1),
+    ("/completions", "prompt_logprobs", -1),  # vLLM's test_prompt_logprobs_completion expects 400 for -1
+    ("/chat/completions", "prompt_logprobs", -1)])
 def test_unserved_fields_are_refused_by_name(server, path, field, value):
     body = {"model": MODEL, "max_tokens": 2, field: value}
     body |= {"messages": [{"role": "user", "content": "Hi"}]} if "chat" in path else {"prompt": "Hi"}
