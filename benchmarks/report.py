@@ -29,6 +29,9 @@ ORDER = [("throughput", "Offline throughput"), ("vs_vllm", "Against vLLM's CPU b
          ("prefill_attention", "Prefill attention"), ("prefix_caching", "Prefix caching"),
          ("spec_decode", "Speculative decoding"), ("tensor_parallel", "Tensor parallelism"),
          ("shared_cpu", "A shared CPU"), ("kernels", "Triton kernels")]
+# the columns that say which round a row is, first, in this order; the numbers follow as the file lists them
+LEADING = ["in flight", "workload", "dtype", "rows", "tokens", "kernel", "system", "prefix caching", "child OpenMP",
+           "neighbour", "round"]
 
 
 def method(benchmark: str) -> str:
@@ -91,6 +94,7 @@ def render_result(doc: dict, name: str) -> list[str]:
         columns: list[str] = []
         for r in rounds:
             columns += [k for k in r if k not in columns]
+        columns = [c for c in LEADING if c in columns] + [c for c in columns if c not in LEADING]
         out += table(columns, [[r.get(c) for c in columns] for r in rounds]) + [""]
     return out
 

@@ -122,6 +122,6 @@ def save(args, benchmark: str, script: str, rounds: list[dict], summary: dict | 
     folder.mkdir(parents=True, exist_ok=True)
     stamp = doc["date"].replace("-", "").replace(":", "")
     path = folder / f"{benchmark}-{stamp}.json"
-    path.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    path.write_text(json.dumps(doc, indent=1) + "\n")  # rounds keep their columns' order
     print(f"result: {path}")
     return path

@@ -33,7 +33,8 @@ TRACES = {
              "--prompt", "Copy this list exactly: apples, pears, plums, figs, dates, limes. Copy: apples, pears,",
              "--max-tokens", "16", "--neighbours", "1"],
 }
-_MATHJAX = re.compile(r'<script[^>]*src="https?://[^"]*mathjax[^"]*"[^>]*>\s*</script>', re.I)
+# nbconvert's MathJax loader: a CDN address, or an empty src when no address is configured
+_MATHJAX = re.compile(r'<script[^>]*src="(https?://[^"]*mathjax[^"]*)?"[^>]*>\s*</script>', re.I)
 
 
 def _engine_key() -> str:
@@ -73,7 +74,7 @@ def on_post_build(config, **kwargs) -> None:
 
 
 def on_post_page(output: str, page, config) -> str:
-    """Drop the CDN MathJax script from notebook pages (no notebook here uses LaTeX)."""
+    """Drop nbconvert's MathJax script from notebook pages (no notebook here uses LaTeX)."""
     if page.file.src_uri.endswith(".ipynb"):
         output = _MATHJAX.sub("", output)
     return output
