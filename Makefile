@@ -64,10 +64,10 @@ lab: setup  ## open JupyterLab on the notebooks and the build/break labs (python
 	$(PY) -m jupyter lab . --ip 127.0.0.1 $(if $(filter 0,$(shell id -u)),--allow-root)
 
 docs: setup-docs  ## build the documentation site into site/ (strict; recorded traces made from the engine)
-	$(VENV)/bin/mkdocs build --strict
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 docs-serve: setup-docs  ## serve the documentation site on http://127.0.0.1:8001, rebuilt on change
-	$(VENV)/bin/mkdocs serve --strict --dev-addr 127.0.0.1:8001
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve --strict --dev-addr 127.0.0.1:8001
 
 perf-report: setup  ## regenerate docs/performance.md's tables from benchmarks/results/*.json
 	$(PY) benchmarks/report.py
