@@ -5,7 +5,8 @@
   "Trace and viewer" page embeds. They are cached under .cache/docs-traces/, keyed by the engine's sources
   and the flags, so a rebuild (`make docs-serve`) does not rerun the engine unless the code changed.
 - Notebook pages (mkdocs-jupyter) are rendered from their stored outputs; the MathJax script nbconvert's
-  template loads from a CDN is dropped, so no page asks the network for anything.
+  template loads from a CDN is dropped, so no page asks the network for anything; and the table of contents
+  points at the headings' own ids (mkdocs-jupyter drops code spans from its anchors, nbconvert keeps them).
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ TRACES = {
              "--max-tokens", "16", "--neighbours", "1"],
 }
 # nbconvert's MathJax loader: a CDN address, or an empty src when no address is configured
+_HEADING_ID = re.compile(r'<h[1-6][^>]*\bid="([^"]+)"')
 _MATHJAX = re.compile(r'<script[^>]*src="(https?://[^"]*mathjax[^"]*)?"[^>]*>\s*</script>', re.I)
 
 
@@ -78,3 +80,18 @@ def on_post_page(output: str, page, config) -> str:
     if page.file.src_uri.endswith(".ipynb"):
         output = _MATHJAX.sub("", output)
     return output
+
+
+def on_page_context(context, page, config, nav):
+    """Point a notebook page's table of contents at its headings' ids, entry by entry in document order."""
+    if page.file.src_uri.endswith(".ipynb") and page.content:
+        ids = _HEADING_ID.findall(page.content)
+        entries, stack = [], list(reversed(list(page.toc)))
+        while stack:
+            item = stack.pop()
+            entries.append(item)
+            stack.extend(reversed(list(item.children)))
+        if len(entries) == len(ids):
+            for item, heading_id in zip(entries, ids):
+                item.id = heading_id
+    return context
