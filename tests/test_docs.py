@@ -126,8 +126,11 @@ def site(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def base_url(site):
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(site))
-    handler.log_message = lambda *a: None
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    handler = functools.partial(Quiet, directory=str(site))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -260,6 +263,8 @@ def test_the_viewer_opens_the_step_its_address_names(base_url, browser):
 
 def test_a_notebook_page_shows_its_stored_outputs(base_url, browser):
     browser.get(base_url + "notebooks/03_input_packing.html")
+    nav = browser.execute_script("return [...document.querySelectorAll('.md-nav__link')].map((a) => a.textContent);")
+    assert any("3 Input packing" in text for text in nav), "notebook pages take their titles from mkdocs.yml's nav"
     outputs = browser.execute_script(
         "return [...document.querySelectorAll('.jp-OutputArea')].map((o) => o.textContent);")
     assert any("slot_mapping" in text for text in outputs), "no stored output of notebook 03 shows slot_mapping"
