@@ -71,8 +71,9 @@ def machine_line(m: dict) -> str:
         parts.append(f"{m['memory_gb']} GB")
     parts.append("flags: " + (", ".join(m["flags"]) if m.get("flags") else "none of " + "/".join(
         ("avx512f", "avx512_bf16", "amx_bf16"))))
-    if m.get("load_average_at_start"):
-        parts.append("load average at start " + ", ".join(fmt(x) for x in m["load_average_at_start"]))
+    for when in ("start", "end"):
+        if m.get(f"load_average_at_{when}"):
+            parts.append(f"load average at the {when} " + ", ".join(fmt(x) for x in m[f"load_average_at_{when}"]))
     return "; ".join(parts)
 
 

@@ -24,6 +24,8 @@ DEFAULT_DIR = ROOT / "benchmarks" / "results"
 FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "avx512_fp16",
          "amx_tile", "amx_bf16", "amx_int8")
 _SKIP = {"results", "no_save", "note"}
+# the load when the script started (this module is imported first thing): how shared the machine was
+_LOAD_AT_START = [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
 
 
 def add_arguments(parser) -> None:
@@ -56,8 +58,9 @@ def machine() -> dict:
         info["memory_gb"] = round(int(mem.split()[1]) / 1e6, 1)
     except (OSError, StopIteration):
         pass
-    if hasattr(os, "getloadavg"):
-        info["load_average_at_start"] = [round(x, 2) for x in os.getloadavg()]
+    if _LOAD_AT_START is not None:
+        info["load_average_at_start"] = _LOAD_AT_START
+        info["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     return info
 
 
