@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -78,7 +79,7 @@ def main(argv=None) -> None:
     print(f"ratios (TP={n} / TP=1) per round: {', '.join(f'{x:.2f}' for x in ratios)}")
     print(f"prompts with identical greedy tokens: {same} of {len(PROMPTS)}")
     results.save(args, "tensor_parallel", __file__, per_round, argv=argv, summary={
-        f"TP={n} / TP=1 time, median": sorted(ratios)[len(ratios) // 2],
+        f"TP={n} / TP=1 time, median": statistics.median(ratios),
         "prompts with identical greedy tokens": f"{same} of {len(PROMPTS)}"})
     for llm in engines.values():
         llm.shutdown()

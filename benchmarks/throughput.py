@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import random
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -259,7 +260,7 @@ def main(argv=None):
         {"round": r + 1, **{f"{n} s": t[r] for n, t in times.items()}} for r in range(args.rounds)], summary={
         "requests": args.num_requests, "prompt tokens": sum(map(len, prompts)), "output tokens": requested,
         **{f"{n} best tok/s": requested / t for n, t in best.items()},
-        **{f"{n} median tok/s": requested / sorted(times[n])[len(times[n]) // 2] for n in best},
+        **{f"{n} median tok/s": requested / statistics.median(times[n]) for n in best},
         **{f"{n} MFU": flops / t / peak[dtype_of[n]] for n, t in best.items()}})
     if args.profile:
         for s in systems:
