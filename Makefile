@@ -6,10 +6,13 @@ STAMP := $(VENV)/.installed
 
 NBVAL := --nbval --nbval-current-env --nbval-cell-timeout=600 --sanitize-with notebooks/nbval_sanitize.cfg
 
-.PHONY: setup setup-browser test trace bench figures lab notebooks loc clean help serve trace-serve
+DOCS_STAMP := $(VENV)/.docs-installed
+
+.PHONY: setup setup-browser setup-docs test trace bench figures lab notebooks loc clean help serve trace-serve \
+	docs docs-serve perf-report
 
 help:  ## list the targets
-	@grep -E '^[a-z]+:.*##' Makefile | sed 's/:.*## /\t/'
+	@grep -E '^[a-z][a-z-]*:.*##' Makefile | sed 's/:.*## /\t/' | expand -t 16
 
 $(STAMP): requirements.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON_SYS) -m venv $(VENV)
@@ -27,10 +30,17 @@ setup-browser:  ## headless chromium + chromedriver for tests/test_viewer.py (ap
 	elif [ "$$(id -u)" = 0 ]; then apt-get update -q && apt-get install -y -q chromium chromium-driver; \
 	else echo "no chromium/chromedriver: as root, apt-get install -y chromium chromium-driver (the viewer test skips)"; fi
 
-test: setup setup-browser  ## run every test: engine, kernels, scheduler, trace, figures, and the notebooks under nbval
+# The `docs` extra of pyproject.toml (mkdocs, mkdocs-material, mkdocs-jupyter, pinned there), installed once.
+$(DOCS_STAMP): $(STAMP) pyproject.toml
+	$(PY) -m pip install -q -e ".[docs]"
+	@touch $@
+
+setup-docs: $(DOCS_STAMP)  ## install the docs extra (mkdocs-material, mkdocs-jupyter) into .venv
+
+test: setup setup-browser setup-docs  ## every test and the nine notebooks under nbval (about 25 minutes on 2 cores)
 	$(PY) -m pytest tests notebooks $(NBVAL) $(PYTEST_ARGS)
 
-trace: setup  ## print the lifecycle of one request (ARGS="--help" for options)
+trace: setup  ## print the lifecycle of one request, in seconds (ARGS="--help" for options)
 	$(PY) -m minivllm trace $(ARGS)
 
 bench: setup  ## throughput: minivllm vs HF transformers, side by side
@@ -53,8 +63,17 @@ lab: setup  ## open JupyterLab on the notebooks and the build/break labs (python
 	@$(PY) -m minivllm.labs list
 	$(PY) -m jupyter lab . --ip 127.0.0.1 $(if $(filter 0,$(shell id -u)),--allow-root)
 
+docs: setup-docs  ## build the documentation site into site/ (strict; recorded traces made from the engine)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
+docs-serve: setup-docs  ## serve the documentation site on http://127.0.0.1:8001, rebuilt on change
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve --strict --dev-addr 127.0.0.1:8001
+
+perf-report: setup  ## regenerate docs/performance.md's tables from benchmarks/results/*.json
+	$(PY) benchmarks/report.py
+
 loc:  ## lines per module
 	@find minivllm -name '*.py' | sort | xargs wc -l
 
-clean:  ## remove the virtual environment and caches
-	rm -rf $(VENV) .pytest_cache
+clean:  ## remove the virtual environment, caches and the built site
+	rm -rf $(VENV) .pytest_cache .cache site

@@ -22,6 +22,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 os.environ.setdefault("MINIVLLM_LOGGING_LEVEL", "WARNING")
 
+import results  # noqa: E402
 import throughput  # noqa: E402
 
 
@@ -32,6 +33,7 @@ def main(argv=None) -> None:
     p.add_argument("--rounds", type=int, default=3, help="measured rounds per engine and workload (default: 3)")
     p.add_argument("--single-tokens", type=int, default=128, help="tokens the lone request decodes (default: 128)")
     p.add_argument("--quick", action="store_true", help="a few tiny requests (the test suite's smoke run)")
+    results.add_arguments(p)
     args = p.parse_args(argv)
     from minivllm import LLM, SamplingParams
     from minivllm.models.loader import resolve_model
@@ -81,6 +83,13 @@ def main(argv=None) -> None:
         f"1-{graph.template.sizes[-1]} requests, {len(graph.template.calls)} C calls, {graph.num_replays} replays"
     print(f"start-up: graphs {startup['graphs']:.2f} s (with the capture), eager {startup['eager']:.2f} s; "
           f"decode batches replayed: {served}; same tokens: {same}")
+    results.save(args, "cpu_graph", __file__, argv=argv, rounds=[
+        {"round": r + 1, "workload": wl, "graphs": times[wl, "graphs"][r], "eager": times[wl, "eager"][r],
+         "eager / graphs": times[wl, "eager"][r] / times[wl, "graphs"][r]}
+        for r in range(args.rounds) for wl in workloads], summary={
+        **{f"{wl}: eager / graphs, median": statistics.median(times[wl, "eager"]) / statistics.median(
+            times[wl, "graphs"]) for wl in workloads},
+        "start-up graphs s": startup["graphs"], "start-up eager s": startup["eager"], "same tokens": same})
 
 
 if __name__ == "__main__":

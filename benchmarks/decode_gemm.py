@@ -21,7 +21,10 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import results  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -34,6 +37,7 @@ def parse_args(argv=None):
     p.add_argument("--qkv", type=int, default=960, help="q + k + v output width (9 + 3 + 3 heads of 64)")
     p.add_argument("--vocab", type=int, default=49152)
     p.add_argument("--rounds", type=int, default=5)
+    results.add_arguments(p)
     args = p.parse_args(argv)
     if min(args.rows) < 1 or args.rounds < 1 or args.layers < 1:
         p.error("rows, rounds and layers must be at least 1")
@@ -59,6 +63,7 @@ def main(argv=None) -> None:
     megabytes = sum(w.numel() * w.element_size() for w in weights) / 1e6
     print(f"{len(weights)} weights, {megabytes:.0f} MB in {args.dtype}; {torch.get_num_threads()} threads; "
           f"ms per step, kernel/oneDNN (engine: kernel up to {small_batch_rows(dtype)} rows)")
+    per_round, summary = [], {"weights MB": megabytes, "kernel up to rows": small_batch_rows(dtype)}
     for rows in args.rows:
         xs = {k: torch.randn(rows, k, generator=gen).to(dtype) for k in {w.shape[1] for w in weights}}
 
@@ -79,6 +84,11 @@ def main(argv=None) -> None:
         rounds = " ".join(f"{x * 1e3:.1f}/{y * 1e3:.1f}" for x, y in zip(ours, theirs))
         print(f"{rows:4d} rows: {rounds} | median {a * 1e3:.2f} vs {b * 1e3:.2f} ms, oneDNN / kernel {b / a:.2f}x | "
               f"kernel {megabytes / 1e3 / a:.1f} GB/s of weights | max|diff| {diff:.1e}", flush=True)
+        per_round += [{"rows": rows, "round": i + 1, "kernel ms": x * 1e3, "oneDNN ms": y * 1e3}
+                      for i, (x, y) in enumerate(zip(ours, theirs))]
+        summary[f"{rows} rows: oneDNN / kernel, median"] = b / a
+        summary[f"{rows} rows: kernel GB/s"] = megabytes / 1e3 / a
+    results.save(args, "decode_gemm", __file__, per_round, summary, argv=argv)
 
 
 if __name__ == "__main__":

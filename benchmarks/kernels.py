@@ -17,7 +17,10 @@ import time
 
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import results  # noqa: E402
 
 GPU_DEFAULTS = dict(num_seqs=64, context_len=4096, num_q_heads=32, num_kv_heads=8,
                     head_size=128, block_size=16, iters=20)
@@ -34,6 +37,7 @@ def parse_args(argv=None):
         p.add_argument("--" + name.replace("_", "-"), type=int, default=None,
                        help=f"default {GPU_DEFAULTS[name]} on cuda, {CPU_DEFAULTS[name]} on cpu")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    results.add_arguments(p)
     args = p.parse_args(argv)
     defaults = GPU_DEFAULTS if args.device.startswith("cuda") else CPU_DEFAULTS
     for name, value in defaults.items():
@@ -139,6 +143,12 @@ def main(argv=None):
     for name, t, nbytes in rows:
         bw = nbytes / t
         print(f"{name:40s} {t * 1e3:10.3f} {nbytes / 1e6:10.2f} {bw / 1e9:9.2f} {100 * bw / copy_bw:7.1f}%")
+    note = [] if dev.startswith("cuda") else ["Triton interpreter on the CPU: the timings are not meaningful"]
+    args.note = list(args.note) + note
+    results.save(args, "kernels", __file__, argv=argv, rounds=[
+        {"kernel": name, "ms": t * 1e3, "MB moved": nbytes / 1e6, "GB/s": nbytes / t / 1e9,
+         "fraction of copy": nbytes / t / copy_bw} for name, t, nbytes in rows], summary={
+        "device": device_name(dev), "dtype": str(dtype)[6:], "copy GB/s": copy_bw / 1e9, "decode rel err": err})
     if args.json:
         shape = {k: getattr(args, k) for k in GPU_DEFAULTS}
         kernels = [dict(kernel=name, ms=t * 1e3, mb_moved=nbytes / 1e6, gb_per_s=nbytes / t / 1e9,

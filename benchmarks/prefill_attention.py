@@ -21,7 +21,10 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import results  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -35,6 +38,7 @@ def parse_args(argv=None):
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--min-seconds", type=float, default=0.3, help="time each side at least this long per round")
+    results.add_arguments(p)
     args = p.parse_args(argv)
     if args.heads % args.kv_heads or min(args.tokens) < 1 or args.context < 0 or args.rounds < 1:
         p.error("heads must be a multiple of kv-heads; tokens >= 1, context >= 0, rounds >= 1")
@@ -76,6 +80,7 @@ def main(argv=None) -> None:
     scale = args.head_size ** -0.5
     print(f"one request, {args.heads} query / {args.kv_heads} KV heads, head {args.head_size}, block "
           f"{args.block_size}, context {args.context}; {torch.get_num_threads()} threads; ms per call, kernel/SDPA")
+    per_round, summary = [], {}
     for dtype_name in args.dtype:
         dtype = getattr(torch, dtype_name)
         for num_tokens in args.tokens:
@@ -106,6 +111,11 @@ def main(argv=None) -> None:
             rounds = " ".join(f"{x * 1e3:.2f}/{y * 1e3:.2f}" for x, y in zip(ours, theirs))
             print(f"{dtype_name:8s} {num_tokens:5d} tokens: {rounds} | median {a * 1e3:.2f} vs {b * 1e3:.2f} ms, "
                   f"SDPA / kernel {b / a:.2f}x | kernel {flops / a / 1e9:.0f} GFLOP/s | max|diff| {diff:.1e}")
+            per_round += [{"dtype": dtype_name, "tokens": num_tokens, "round": i + 1, "kernel ms": x * 1e3,
+                           "SDPA ms": y * 1e3} for i, (x, y) in enumerate(zip(ours, theirs))]
+            summary[f"{dtype_name} {num_tokens} tokens: SDPA / kernel, median"] = b / a
+            summary[f"{dtype_name} {num_tokens} tokens: kernel GFLOP/s"] = flops / a / 1e9
+    results.save(args, "prefill_attention", __file__, per_round, summary, argv=argv)
 
 
 if __name__ == "__main__":

@@ -21,8 +21,11 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("MINIVLLM_LOGGING_LEVEL", "WARNING")
+
+import results  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -38,6 +41,7 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0, help="workload seed (default: 0)")
     p.add_argument("--quick", action="store_true",
                    help="a tiny workload (4 requests, a 64-token prefix, 1 round): a smoke test, not a measurement")
+    results.add_arguments(p)
     args = p.parse_args(argv)
     if args.quick:
         args.num_requests, args.prefix_len, args.min_suffix, args.max_suffix = 4, 64, 4, 8
@@ -110,6 +114,13 @@ def main(argv=None):
               f"{max(ttft):>12.3f}{(num_prompt + num_output) / wall:>13.1f}{num_output / wall:>14.1f}{hits:>12.1%}")
     print(f"caching on vs off: TTFT {best[False][1] / best[True][1]:.2f}x lower, throughput "
           f"{best[False][0] / best[True][0]:.2f}x higher; greedy tokens identical: {outputs[True] == outputs[False]}")
+    results.save(args, "prefix_caching", __file__, argv=argv, rounds=[
+        {"round": r + 1, "prefix caching": "on" if caching else "off", "wall s": run[0],
+         "TTFT mean s": statistics.mean(run[1]), "TTFT p50 s": statistics.median(run[1])}
+        for caching in (True, False) for r, run in enumerate(runs[caching])], summary={
+        "TTFT off / on (best runs)": best[False][1] / best[True][1],
+        "throughput on / off (best runs)": best[False][0] / best[True][0],
+        "greedy tokens identical": outputs[True] == outputs[False]})
     for llm in engines.values():
         llm.shutdown()
 

@@ -36,6 +36,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import results as result_files  # noqa: E402
 from idle import wait_until_idle  # noqa: E402
 
 
@@ -59,6 +60,7 @@ def parse_args(argv=None):
     p.add_argument("--max-model-len", type=int, default=1024, help="both servers' max_model_len (default: 1024)")
     p.add_argument("--rounds", type=int, default=2, help="measured rounds per server, after a warm-up (default: 2)")
     p.add_argument("--seed", type=int, default=0, help="workload seed (default: 0)")
+    result_files.add_arguments(p)
     return p.parse_args(argv)
 
 
@@ -177,6 +179,12 @@ def main(argv=None) -> None:
             if len(names) == 2:
                 a, b = (results[n][-1]["tok_s"] for n in names)
                 print(f"round {r + 1}: {names[0]} / {names[1]} output tok/s = {a / b:.2f}x", flush=True)
+        summary = {f"{n} median output tok/s": statistics.median(x["tok_s"] for x in results[n]) for n in names}
+        if len(names) == 2:
+            summary[f"{names[0]} / {names[1]} output tok/s, per round"] = [
+                x["tok_s"] / y["tok_s"] for x, y in zip(results[names[0]], results[names[1]])]
+        result_files.save(args, "serve_vs_vllm", __file__, argv=argv, summary=summary, rounds=[
+            {"round": r + 1, "system": n, **results[n][r]} for r in range(args.rounds) for n in names])
     finally:
         for proc, _ in servers.values():
             proc.terminate()

@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("MINIVLLM_LOGGING_LEVEL", "WARNING")
 
+import results  # noqa: E402
 import throughput  # noqa: E402
 
 
@@ -68,6 +69,7 @@ def main(argv=None) -> None:
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"], help="(default: bfloat16)")
     p.add_argument("--model", default=None, help="model folder / .gguf (default: SmolLM2-135M-Instruct)")
     p.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated subset of {', '.join(CONFIGS)}")
+    results.add_arguments(p)
     args = p.parse_args(argv)
     names = args.configs.split(",")
     for name in names:
@@ -94,9 +96,14 @@ def main(argv=None) -> None:
         print(f"round {r + 1}: " + ", ".join(f"{pol}{' + neighbour' if b else ''} {t[-1]:.2f} s"
                                               for (pol, b), t in times.items()), flush=True)
     print(f"{'child OpenMP':<16}{'alone s':>9}{'beside a neighbour s':>22}{'ratio':>8}   (medians)")
+    summary = {}
     for policy in names:
         alone, busy = (sorted(times[(policy, b)])[len(times[(policy, b)]) // 2] for b in (False, True))
         print(f"{policy:<16}{alone:>9.2f}{busy:>22.2f}{busy / alone:>7.2f}x")
+        summary[f"{policy}: beside a neighbour / alone, median"] = busy / alone
+    results.save(args, "shared_cpu", __file__, argv=argv, summary=summary, rounds=[
+        {"round": r + 1, "child OpenMP": pol, "neighbour": b, "wall s": t[r]}
+        for (pol, b), t in times.items() for r in range(args.rounds)])
 
 
 if __name__ == "__main__":

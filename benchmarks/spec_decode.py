@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("MINIVLLM_LOGGING_LEVEL", "WARNING")
 
+import results  # noqa: E402
 import throughput  # noqa: E402
 
 PASSAGES = [
@@ -93,6 +94,7 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0, help="typo and random-workload seed (default: 0)")
     p.add_argument("--quick", action="store_true",
                    help="3 grounded and 4 random requests, a few tokens, 1 round: a smoke test, not a measurement")
+    results.add_arguments(p)
     args = p.parse_args(argv)
     random_args = ["--seed", str(args.seed)]
     if args.quick:
@@ -197,6 +199,7 @@ def main(argv=None) -> int:
               flush=True)
     ratios = {name: [] for name in workloads}
     outputs = {name: {} for name in workloads}
+    per_round, summary = [], {}
     for r in range(args.rounds):
         for name, (prompts, params) in workloads.items():
             runs = {}
@@ -205,6 +208,11 @@ def main(argv=None) -> int:
                 runs[on] = (wall, sum(map(len, tokens)) / wall, spec)
                 outputs[name][on] = tokens
             ratios[name].append(runs[True][1] / runs[False][1])
+            spec = runs[True][2]
+            per_round.append({"round": r + 1, "workload": name, "off s": runs[False][0], "off tok/s": runs[False][1],
+                              "on s": runs[True][0], "on tok/s": runs[True][1], "on / off": ratios[name][-1],
+                              "acceptance rate": spec["num_accepted_tokens"] / spec["num_draft_tokens"]
+                              if spec["num_draft_tokens"] else 0.0})
             print(f"round {r + 1} {name:<8}: off {runs[False][0]:.2f} s {runs[False][1]:.1f} tok/s, on "
                   f"{runs[True][0]:.2f} s {runs[True][1]:.1f} tok/s: on/off {ratios[name][-1]:.2f}x; "
                   f"{describe_spec(runs[True][2])}", flush=True)
@@ -215,6 +223,9 @@ def main(argv=None) -> int:
         print(f"{name}: on/off tok/s per round {', '.join(f'{x:.2f}' for x in ratios[name])}, median "
               f"{statistics.median(ratios[name]):.2f}x; outputs identical: "
               f"{'yes' if same == len(outputs[name][False]) else 'no'} ({same} of {len(outputs[name][False])})")
+        summary[f"{name}: on / off tok/s, median"] = statistics.median(ratios[name])
+        summary[f"{name}: identical outputs"] = f"{same} of {len(outputs[name][False])}"
+    results.save(args, "spec_decode", __file__, per_round, summary, argv=argv)
     for llm in engines.values():
         llm.shutdown()
     return 1 if differ and args.dtype == "float32" else 0  # bf16: reported above, not an error (see the docstring)

@@ -32,6 +32,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
+import results as result_files  # noqa: E402
 import serve_vs_vllm  # noqa: E402
 import throughput  # noqa: E402
 from idle import wait_until_idle  # noqa: E402
@@ -48,6 +49,7 @@ def parse_args(argv=None):
     p.add_argument("--out", default="figures/sweep.png", help="the figure (default: figures/sweep.png)")
     p.add_argument("--json", metavar="FILE", help="also write every point as JSON")
     p.add_argument("--quick", action="store_true", help="tiny sizes, concurrency 1 and 4, prompts 16 and 32")
+    result_files.add_arguments(p)
     args = p.parse_args(argv)
     args.concurrency, args.prompt_lens = (CONCURRENCY, PROMPT_LENS) if not args.quick else ((1, 4), (16, 32))
     if args.quick:
@@ -150,6 +152,8 @@ def main(argv=None) -> None:
             proc.wait(timeout=60)
     if args.json:
         Path(args.json).write_text(json.dumps({"floor": floor, "results": results}, indent=1))
+    result_files.save(args, "sweep", __file__, argv=argv, summary=floor,
+                      rounds=[{"system": n, **r} for n in names for r in results[n]])
     draw(args, results, floor)
 
 

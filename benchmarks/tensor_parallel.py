@@ -14,12 +14,16 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("MINIVLLM_LOGGING_LEVEL", "WARNING")
+
+import results  # noqa: E402
 
 PROMPTS = ["Once upon a time", "The capital of France is", "Hi there, how are you today?",
            "Write a haiku about the sea.", "1, 2, 3, 4, 5,", "def fibonacci(n):",
@@ -34,6 +38,7 @@ def parse_args(argv=None):
     p.add_argument("--rounds", type=int, default=3, help="measured runs per engine, after a warm-up (default: 3)")
     p.add_argument("--dtype", default="float32", help="float32 or bfloat16 (default: float32)")
     p.add_argument("--quick", action="store_true", help="2 tokens, 1 round: a smoke test, not a measurement")
+    results.add_arguments(p)
     args = p.parse_args(argv)
     if args.quick:
         args.output_len, args.rounds = 2, 1
@@ -55,7 +60,7 @@ def main(argv=None) -> None:
         print(f"TP={tp}: engine ready in {time.perf_counter() - start:.1f} s", flush=True)
         engines[tp].generate(PROMPTS, SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)  # warm-up
     tokens = {}
-    ratios = []
+    ratios, per_round = [], []
     for r in range(args.rounds):
         seconds = {}
         for tp in ((1, n) if r % 2 == 0 else (n, 1)):
@@ -65,12 +70,17 @@ def main(argv=None) -> None:
             tokens[tp] = [o.outputs[0].token_ids for o in outs]
         ratios.append(seconds[n] / seconds[1])
         generated = len(PROMPTS) * args.output_len
+        per_round.append({"round": r + 1, "TP=1 s": seconds[1], f"TP={n} s": seconds[n],
+                          f"TP={n} / TP=1": ratios[-1]})
         print(f"round {r + 1}: TP=1 {seconds[1]:.2f} s ({generated / seconds[1]:.0f} tok/s), TP={n} "
               f"{seconds[n]:.2f} s ({generated / seconds[n]:.0f} tok/s): TP={n} takes {ratios[-1]:.2f}x TP=1's time",
               flush=True)
     same = sum(a == b for a, b in zip(tokens[1], tokens[n]))
     print(f"ratios (TP={n} / TP=1) per round: {', '.join(f'{x:.2f}' for x in ratios)}")
     print(f"prompts with identical greedy tokens: {same} of {len(PROMPTS)}")
+    results.save(args, "tensor_parallel", __file__, per_round, argv=argv, summary={
+        f"TP={n} / TP=1 time, median": statistics.median(ratios),
+        "prompts with identical greedy tokens": f"{same} of {len(PROMPTS)}"})
     for llm in engines.values():
         llm.shutdown()
 

@@ -24,14 +24,18 @@ import argparse
 import json
 import os
 import random
+import statistics
 import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("MINIVLLM_LOGGING_LEVEL", "WARNING")
 
 import torch  # noqa: E402
+
+import results  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -51,6 +55,7 @@ def parse_args(argv=None):
                    help="comma-separated dtypes minivllm runs in (default: float32,bfloat16)")
     p.add_argument("--write-workload", metavar="FILE", help="also write the workload's token ids as JSON")
     p.add_argument("--json", metavar="FILE", help="also write every round's times and the table as JSON")
+    results.add_arguments(p)
     args = p.parse_args(argv)
     args.dtypes = args.dtype.split(",")
     for dtype in args.dtypes:
@@ -251,6 +256,12 @@ def main(argv=None):
             prompt_tokens=sum(map(len, prompts)), output_tokens=requested, workload_gflop=flops / 1e9,
             matmul_gflop_per_s={str(d).removeprefix("torch."): p / 1e9 for d, p in peak.items()},
             systems=table), indent=1))
+    results.save(args, "throughput", __file__, argv=argv, rounds=[
+        {"round": r + 1, **{f"{n} s": t[r] for n, t in times.items()}} for r in range(args.rounds)], summary={
+        "requests": args.num_requests, "prompt tokens": sum(map(len, prompts)), "output tokens": requested,
+        **{f"{n} best tok/s": requested / t for n, t in best.items()},
+        **{f"{n} median tok/s": requested / statistics.median(times[n]) for n in best},
+        **{f"{n} MFU": flops / t / peak[dtype_of[n]] for n, t in best.items()}})
     if args.profile:
         for s in systems:
             if isinstance(s, MiniVLLM):

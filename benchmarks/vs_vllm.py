@@ -36,6 +36,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 os.environ.setdefault("MINIVLLM_LOGGING_LEVEL", "WARNING")
 
+import results  # noqa: E402
 import throughput  # noqa: E402
 from idle import wait_until_idle  # noqa: E402
 
@@ -67,6 +68,7 @@ def main(argv=None) -> None:
     p.add_argument("--rounds", type=int, default=3, help="measured rounds per system (default: 3)")
     p.add_argument("--bind", default="0-1", help="VLLM_CPU_OMP_THREADS_BIND (default: 0-1)")
     p.add_argument("--model", default=None, help="model folder (default: minivllm's converted SmolLM2)")
+    results.add_arguments(p)
     args = p.parse_args(argv)
     if not Path(args.vllm_python).exists():
         p.error(f"{args.vllm_python} does not exist: install vLLM's CPU build as benchmarks/vllm_cpu.py says")
@@ -117,6 +119,12 @@ def main(argv=None) -> None:
           f"{prefill:.2f} s + {max(max_tokens) - 1} decode steps {decode:.2f} s; 1.5x vLLM's best would be "
           f"{target:.2f} s, {floor / target:.0%} of the floor's speed; best bf16 runs: " + ", ".join(
               f"{n} {floor / min(t):.0%}" for n, t in times.items() if "bf" in n))
+    results.save(args, "vs_vllm", __file__, argv=argv, rounds=[
+        {"round": r + 1, **{f"{n} s": t[r] for n, t in times.items()}} for r in range(args.rounds)], summary={
+        **{f"{n} best tok/s": requested / min(t) for n, t in times.items()},
+        **{f"{n} / vLLM, best against best": base / min(t) for n, t in times.items()},
+        **{f"{n} / vLLM, median against median": base_median / statistics.median(t) for n, t in times.items()},
+        "floor s": floor})
 
 
 def step_floor(config, prompts, max_tokens, dtype_bytes: int, rate: float, bandwidth: float) -> tuple[float, float]:

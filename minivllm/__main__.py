@@ -8,13 +8,24 @@ import sys
 def main(argv: list[str] | None = None) -> int:
     from minivllm.entrypoints.cli.trace import add_trace_arguments, run_trace
 
-    parser = argparse.ArgumentParser(prog="python -m minivllm", description="minivllm: vLLM's V1 engine, small.")
+    parser = argparse.ArgumentParser(
+        prog="python -m minivllm", description="minivllm: vLLM's V1 engine, small.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n"
+               "  python -m minivllm trace                      # one request, step by step (make trace)\n"
+               "  python -m minivllm trace --html trace.html    # the same trace in the browser viewer\n"
+               "  python -m minivllm generate 'Once upon a time' --max-tokens 20\n"
+               "  python -m minivllm serve --port 8000          # OpenAI-compatible server (make serve)\n"
+               "  python -m minivllm trace-serve                # the server admitting requests (make trace-serve)\n"
+               "each subcommand takes --help.")
     sub = parser.add_subparsers(dest="command", required=True)
     trace = sub.add_parser("trace", help="print one request's lifecycle through the engine, step by step",
                            description="Follow one request from LLM.generate() to text: SchedulerOutput, the "
                                        "packed batch, slot_mapping and block_table at every step.")
     add_trace_arguments(trace)
-    gen = sub.add_parser("generate", help="generate text for a prompt", description="Generate text for a prompt.")
+    gen = sub.add_parser("generate", help="generate text for one prompt with LLM.generate() and print it",
+                         description="Generate text for one prompt with LLM.generate() (greedy by default) and "
+                                     "print the prompt followed by the completion.")
     gen.add_argument("prompt", help="the prompt text")
     gen.add_argument("--max-tokens", type=int, default=50, help="tokens to generate (default: %(default)s)")
     gen.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default: %(default)s)")

@@ -1,29 +1,46 @@
-"""The benchmark scripts run end to end on tiny sizes (smoke tests: no timing is asserted)."""
+"""The benchmark scripts run end to end on tiny sizes (smoke tests: no timing is asserted), each writing its JSON
+result (benchmarks/results.py) into the test's folder, never into benchmarks/results/."""
 from __future__ import annotations
 
+import json
 import runpy
 import sys
 
 import pytest
 
 
+def result_of(folder, benchmark: str) -> dict:
+    """The one result the run wrote: the machine, versions and command it carries, and at least one round."""
+    files = sorted(folder.glob(f"{benchmark}-*.json"))
+    assert len(files) == 1, f"expected one {benchmark} result in {folder}, found {files}"
+    doc = json.loads(files[0].read_text())
+    assert doc["benchmark"] == benchmark and doc["source"] == "measured" and doc["rounds"]
+    assert doc["command"].startswith(f"python benchmarks/{benchmark}.py ")
+    assert {"cpu", "flags", "usable_cpus"} <= set(doc["machine"]) and {"python", "torch"} <= set(doc["versions"])
+    return doc
 
-def test_throughput_benchmark_runs_all_three_systems(tiny_llama_folder, capsys, monkeypatch):
+
+def test_throughput_benchmark_runs_all_three_systems(tiny_llama_folder, capsys, monkeypatch, tmp_path):
     monkeypatch.setattr(sys, "argv", ["throughput.py", "--model", str(tiny_llama_folder), "--num-requests", "3",
                                       "--min-input", "4", "--max-input", "12", "--min-output", "2",
-                                      "--max-output", "5", "--rounds", "1", "--profile"])
+                                      "--max-output", "5", "--rounds", "1", "--profile", "--results", str(tmp_path)])
     runpy.run_path("benchmarks/throughput.py", run_name="__main__")
     out = capsys.readouterr().out
     for name in ("minivllm", "hf-static", "hf-cb", "MFU", "where the time goes", "forward"):
         assert name in out
+    doc = result_of(tmp_path, "throughput")
+    assert {"minivllm s", "hf-static s", "hf-cb s"} <= set(doc["rounds"][0])
 
 
-def test_prefix_caching_benchmark_runs_on_and_off(tiny_llama_folder, capsys, monkeypatch):
-    monkeypatch.setattr(sys, "argv", ["prefix_caching.py", "--model", str(tiny_llama_folder), "--quick"])
+def test_prefix_caching_benchmark_runs_on_and_off(tiny_llama_folder, capsys, monkeypatch, tmp_path):
+    monkeypatch.setattr(sys, "argv", ["prefix_caching.py", "--model", str(tiny_llama_folder), "--quick",
+                                      "--results", str(tmp_path)])
     runpy.run_path("benchmarks/prefix_caching.py", run_name="__main__")
     out = capsys.readouterr().out
     for text in ("TTFT mean s", "total tok/s", "caching on vs off", "greedy tokens identical: True"):
         assert text in out
+    doc = result_of(tmp_path, "prefix_caching")
+    assert {r["prefix caching"] for r in doc["rounds"]} == {"on", "off"}
 
 
 def test_throughput_benchmark_prints_each_round_bf16_and_the_floor(tiny_llama_folder, capsys, monkeypatch, tmp_path):
@@ -31,87 +48,103 @@ def test_throughput_benchmark_prints_each_round_bf16_and_the_floor(tiny_llama_fo
     monkeypatch.setattr(sys, "argv", ["throughput.py", "--model", str(tiny_llama_folder), "--num-requests", "2",
                                       "--min-input", "4", "--max-input", "8", "--min-output", "2",
                                       "--max-output", "3", "--rounds", "2", "--systems", "minivllm",
-                                      "--write-workload", str(workload)])
+                                      "--write-workload", str(workload), "--results", str(tmp_path)])
     runpy.run_path("benchmarks/throughput.py", run_name="__main__")
     out = capsys.readouterr().out
     for text in ("round 1:", "round 2:", "minivllm-bf16", "floor bfloat16:", "floor float32:", "x the floor"):
         assert text in out
-    import json
     assert len(json.loads(workload.read_text())["prompt_token_ids"]) == 2
+    doc = result_of(tmp_path, "throughput")
+    assert [r["round"] for r in doc["rounds"]] == [1, 2] and "minivllm-bf16 MFU" in doc["summary"]
 
 
-def test_shared_cpu_benchmark_runs_every_configuration(tiny_llama_folder, capsys, monkeypatch):
+def test_shared_cpu_benchmark_runs_every_configuration(tiny_llama_folder, capsys, monkeypatch, tmp_path):
     monkeypatch.setattr(sys, "argv", ["shared_cpu.py", "--model", str(tiny_llama_folder), "--num-requests", "2",
-                                      "--rounds", "1"])
+                                      "--rounds", "1", "--results", str(tmp_path)])
     runpy.run_path("benchmarks/shared_cpu.py", run_name="__main__")
     out = capsys.readouterr().out
     for text in ("passive + neighbour", "active + neighbour", "spin-2000 + neighbour", "spin-2000 "):
         assert text in out
+    doc = result_of(tmp_path, "shared_cpu")
+    assert len(doc["rounds"]) == 8  # four policies, alone and beside a neighbour
 
 
-def test_tensor_parallel_benchmark_runs_both_sizes(tiny_llama_folder, capsys, monkeypatch):
+def test_tensor_parallel_benchmark_runs_both_sizes(tiny_llama_folder, capsys, monkeypatch, tmp_path):
     monkeypatch.setattr(sys, "argv", ["tensor_parallel.py", "--model", str(tiny_llama_folder), "--quick",
-                                      "--tensor-parallel-size", "2"])
+                                      "--tensor-parallel-size", "2", "--results", str(tmp_path)])
     runpy.run_path("benchmarks/tensor_parallel.py", run_name="__main__")
     out = capsys.readouterr().out
     for text in ("TP=1 vs TP=2", "round 1:", "ratios (TP=2 / TP=1) per round", "identical greedy tokens"):
         assert text in out
+    doc = result_of(tmp_path, "tensor_parallel")
+    assert "TP=2 / TP=1" in doc["rounds"][0]
 
 
 @pytest.mark.timeout(600)  # bounds a hang; on a busy machine each round also waits out wait_until_idle
-def test_serving_benchmark_runs_against_a_real_server(tiny_llama_folder, capsys, monkeypatch):
+def test_serving_benchmark_runs_against_a_real_server(tiny_llama_folder, capsys, monkeypatch, tmp_path):
     monkeypatch.setattr(sys, "argv", ["serve_vs_vllm.py", "--systems", "minivllm", "--model", str(tiny_llama_folder),
                                       "--num-prompts", "4", "--concurrency", "2", "--rounds", "1", "--min-input", "4",
                                       "--max-input", "8", "--min-output", "2", "--max-output", "4", "--dtype",
-                                      "float32", "--max-model-len", "256"])
+                                      "float32", "--max-model-len", "256", "--results", str(tmp_path)])
     runpy.run_path("benchmarks/serve_vs_vllm.py", run_name="__main__")
     out = capsys.readouterr().out
     for text in ("minivllm server ready", "round 1 minivllm", "output tok/s", "TTFT p50", "TPOT p50", "idle after",
                  "p50 of the opening burst", "the rest"):
         assert text in out
+    doc = result_of(tmp_path, "serve_vs_vllm")
+    assert doc["rounds"][0]["system"] == "minivllm" and doc["rounds"][0]["tok_s"] > 0
 
 
 @pytest.mark.timeout(600)  # as above
 def test_sweep_benchmark_prints_the_table_and_draws_the_figure(tiny_llama_folder, capsys, monkeypatch, tmp_path):
     figure = tmp_path / "sweep.png"
     monkeypatch.setattr(sys, "argv", ["sweep.py", "--systems", "minivllm", "--model", str(tiny_llama_folder), "--quick",
-                                      "--dtype", "float32", "--out", str(figure)])
+                                      "--dtype", "float32", "--out", str(figure), "--results", str(tmp_path)])
     runpy.run_path("benchmarks/sweep.py", run_name="__main__")
     out = capsys.readouterr().out
     for text in ("floor inputs", "concurrency      1", "prompt_len", "figure written"):
         assert text in out
     assert figure.stat().st_size > 10_000
+    doc = result_of(tmp_path, "sweep")
+    assert {r["sweep"] for r in doc["rounds"]} == {"concurrency", "prompt_len"}
 
 
-def test_prefill_attention_benchmark_compares_kernel_and_sdpa(capsys, monkeypatch):
+def test_prefill_attention_benchmark_compares_kernel_and_sdpa(capsys, monkeypatch, tmp_path):
     monkeypatch.setattr(sys, "argv", ["prefill_attention.py", "--tokens", "3", "40", "--context", "5", "--rounds",
-                                      "2", "--min-seconds", "0"])
+                                      "2", "--min-seconds", "0", "--results", str(tmp_path)])
     runpy.run_path("benchmarks/prefill_attention.py", run_name="__main__")
     lines = [line for line in capsys.readouterr().out.splitlines() if "tokens:" in line]
     assert len(lines) == 4  # two sizes x two dtypes
     for line in lines:  # the kernel and SDPA agree on the same inputs
         assert float(line.rsplit("max|diff| ", 1)[1]) < (2e-2 if line.startswith("bfloat16") else 1e-4), line
+    doc = result_of(tmp_path, "prefill_attention")
+    assert len(doc["rounds"]) == 8  # two sizes x two dtypes x two rounds
 
 
-def test_spec_decode_benchmark_runs_both_workloads(tiny_llama_folder, capsys, monkeypatch):
+def test_spec_decode_benchmark_runs_both_workloads(tiny_llama_folder, capsys, monkeypatch, tmp_path):
     monkeypatch.setattr(sys, "argv", ["spec_decode.py"])
     bench = runpy.run_path("benchmarks/spec_decode.py")
-    assert bench["main"](["--quick", "--model", str(tiny_llama_folder), "--dtype", "float32"]) == 0  # exact
+    assert bench["main"](["--quick", "--model", str(tiny_llama_folder), "--dtype", "float32",
+                          "--results", str(tmp_path)]) == 0  # exact
     out = capsys.readouterr().out
     for name in ("grounded", "random"):
         assert f"round 1 {name:<8}: off" in out
         assert f"{name}: on/off tok/s per round" in out
     for text in ("acceptance rate", "mean acceptance length", "accepted per position", "outputs identical: yes"):
         assert text in out
+    doc = result_of(tmp_path, "spec_decode")
+    assert {r["workload"] for r in doc["rounds"]} == {"grounded", "random"}
 
 
-def test_decode_gemm_benchmark_runs_both_kernels(capsys, monkeypatch):
+def test_decode_gemm_benchmark_runs_both_kernels(capsys, monkeypatch, tmp_path):
     monkeypatch.setattr(sys, "argv", ["decode_gemm.py", "--layers", "1", "--vocab", "300", "--rows", "1", "13",
-                                      "--rounds", "1"])
+                                      "--rounds", "1", "--results", str(tmp_path)])
     runpy.run_path("benchmarks/decode_gemm.py", run_name="__main__")
     out = capsys.readouterr().out
     for text in ("5 weights", "   1 rows:", "  13 rows:", "oneDNN / kernel", "GB/s of weights", "max|diff|"):
         assert text in out
+    doc = result_of(tmp_path, "decode_gemm")
+    assert [r["rows"] for r in doc["rounds"]] == [1, 13]
 
 
 def test_the_offline_comparison_floor_is_the_sum_of_its_steps(monkeypatch):
@@ -166,9 +199,9 @@ def test_the_alternating_benchmarks_wait_for_an_idle_machine_and_give_up_in_time
     assert len(slept) == 6 and 0.3 <= waited < 0.35  # waits out the timeout, then gives up: not one window more
 
 
-def test_cpu_graph_benchmark_runs_both_engines(tiny_llama_folder, capsys, monkeypatch):
+def test_cpu_graph_benchmark_runs_both_engines(tiny_llama_folder, capsys, monkeypatch, tmp_path):
     monkeypatch.setattr(sys, "argv", ["cpu_graph.py", "--model", str(tiny_llama_folder), "--quick", "--rounds", "2",
-                                      "--dtype", "float32"])
+                                      "--dtype", "float32", "--results", str(tmp_path)])
     runpy.run_path("benchmarks/cpu_graph.py", run_name="__main__")
     out = capsys.readouterr().out
     for text in ("round 2: one request", "eager / graphs", "start-up: graphs", "same tokens: True"):
@@ -176,3 +209,5 @@ def test_cpu_graph_benchmark_runs_both_engines(tiny_llama_folder, capsys, monkey
     from minivllm import _C
     if _C.available():
         assert "decode batches replayed: 1-256 requests" in out
+    doc = result_of(tmp_path, "cpu_graph")
+    assert len(doc["rounds"]) == 4 and doc["summary"]["same tokens"] is True
