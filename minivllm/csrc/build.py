@@ -33,7 +33,7 @@ logger = logging.getLogger("minivllm")
 
 CPU_DIR = Path(__file__).parent / "cpu"
 SOURCES = tuple(CPU_DIR / name for name in ("cache.c", "cpu_attn.c", "layernorm.c", "activation.c",
-                                            "pos_encoding.c", "gemm.c"))
+                                            "pos_encoding.c", "gemm.c", "shm.c"))
 HEADERS = (CPU_DIR / "cpu_types.h", CPU_DIR / "ops.h")
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math",
           "-std=c11", "-fPIC", "-shared"]
