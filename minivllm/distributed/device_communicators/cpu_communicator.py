@@ -9,9 +9,9 @@ gather), and remains the path across machines.
 Setup, collective over the group's gloo `cpu_group`: rank 0 picks a name no other launch can hold (its pid and a
 random token), creates the segment, then broadcasts the name; every rank maps it and reports; once all have
 reported, rank 0 unlinks the name, before any rank returns. From then on nothing of the segment is visible in
-/dev/shm, and its memory is freed by the kernel when the last rank unmaps it or dies, however it dies. Where any rank fails to map it,
-every rank logs why and keeps gloo. A collective that waits longer than `timeout_s` for a peer (dead or stuck)
-raises instead of hanging, and every later one raises too.
+/dev/shm, and its memory is freed by the kernel when the last rank unmaps it or dies, however it dies. Where any
+rank fails to map it, every rank logs why and keeps gloo. A collective that waits longer than `timeout_s` for a
+peer (dead or stuck) raises instead of hanging, and every later one raises too.
 
 Differs from vLLM: vLLM keys the segment by VLLM_DIST_IDENT and gives each rank a segment of its own;
 here one per group, named at setup. Tensors other than contiguous-able float32/bfloat16 go through gloo.
