@@ -170,6 +170,36 @@ def test_a_killed_rank_is_an_error_within_the_timeout_and_leaves_no_segment():
         assert not os.path.exists(f"/dev/shm{name}")
 
 
+def _group_worker(rank: int, world_size: int, port: int, nnodes: int, queue) -> None:
+    try:
+        torch.set_num_threads(1)
+        from minivllm.distributed import parallel_state as ps
+        ps.init_distributed_environment(world_size, rank, f"tcp://127.0.0.1:{port}", rank)
+        ps.initialize_model_parallel(world_size, nnodes=nnodes)
+        group = ps.get_tp_group()
+        communicator = group.device_communicator
+        x = torch.full((5,), float(rank + 1), dtype=torch.bfloat16)
+        summed, gathered = group.all_reduce(x.clone()), group.all_gather(x.view(1, 5), dim=0)
+        half = group.all_reduce(torch.ones(3, dtype=torch.float16))  # a dtype shm.c does not sum: gloo's
+        ps.destroy_model_parallel()
+        after = group.device_communicator
+        ps.destroy_distributed_environment()
+        queue.put((rank, communicator is not None, after is None, summed.tolist(), gathered[:, 0].tolist(),
+                   half.tolist()))
+    except BaseException:
+        queue.put((rank, traceback.format_exc(), None, None, None, None))
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("nnodes", [1, 2])
+def test_the_tp_group_uses_shared_memory_only_on_one_node_and_unmaps_it_at_destroy(nnodes):
+    """nnodes 1: GroupCoordinator's all-reduce and all-gather go through CpuCommunicator; nnodes 2 (ranks on
+    other machines: the two-"node" launch) keeps gloo. destroy_model_parallel closes the communicator."""
+    for rank, used, closed, summed, gathered, half in _run(2, _group_worker, nnodes):
+        assert used is (nnodes == 1), used
+        assert closed and summed == [3.0] * 5 and gathered == [1.0, 2.0] and half == [2.0] * 3, rank
+
+
 def _communicator_name(worker) -> str | None:
     from minivllm.distributed.parallel_state import get_tp_group
     communicator = get_tp_group().device_communicator
