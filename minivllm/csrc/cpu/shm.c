@@ -18,7 +18,8 @@
  * (O_EXCL, mode 0600), the others open it by name, and once all have mapped it rank 0 unlinks the name, so
  * the memory is freed when the last rank unmaps it or dies. The loops are plain C that the compiler
  * vectorizes; there is no ISA-specific path. Differs from vLLM: one segment per group rather than one per
- * rank, no thread-parallel copies (each rank is one OpenMP share of the cores already), no fp16.
+ * rank, no thread-parallel copies (each rank is one OpenMP share of the cores already). float16 (dtype 2,
+ * shm.c's own code) is summed where the compiler has _Float16; shm_all_reduce of 0 elements tells whether.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -39,6 +40,12 @@
 #define SHM_YIELD_NS 2000000 /* then yield for 2 ms, then sleep SHM_SLEEP_NS between polls */
 #define SHM_SLEEP_NS 20000
 #define SHM_BLOCK 256       /* elements summed per pass (a float32 accumulator on the stack) */
+#define SHM_DTYPE_F16 2     /* float16 (beside cpu_types.h's DTYPE_F32 / DTYPE_BF16): only here */
+#ifdef __FLT16_MAX__       /* the compiler has _Float16 (gcc 12+ on x86-64 and aarch64) */
+#define SHM_HAS_F16 1
+#else
+#define SHM_HAS_F16 0
+#endif
 
 typedef struct {
     _Atomic int64_t arrived; /* ranks at the barrier in this round */
@@ -137,6 +144,23 @@ void shm_group_close(void *handle) {
     h->broken = 1;
 }
 
+#if SHM_HAS_F16
+/* As reduce_share below, for float16 (the cast back rounds to nearest even). */
+static void reduce_share_f16(const ShmHandle *h, int64_t lo, int64_t hi) {
+    float acc[SHM_BLOCK];
+    _Float16 *out = (_Float16 *)slot(h, 0);
+    for (int64_t b = lo; b < hi; b += SHM_BLOCK) {
+        int64_t m = hi - b < SHM_BLOCK ? hi - b : SHM_BLOCK;
+        for (int64_t i = 0; i < m; i++) acc[i] = (float)out[b + i];
+        for (int64_t r = 1; r < h->world_size; r++) {
+            const _Float16 *in = (const _Float16 *)slot(h, r);
+            for (int64_t i = 0; i < m; i++) acc[i] += (float)in[b + i];
+        }
+        for (int64_t i = 0; i < m; i++) out[b + i] = (_Float16)acc[i];
+    }
+}
+#endif
+
 /* Elements lo..hi of the current piece: slot 0 = slot 0 + slot 1 + ... in float32, rounded once. */
 AI void reduce_share(const ShmHandle *h, int64_t lo, int64_t hi, int bf) {
     float acc[SHM_BLOCK];
@@ -155,9 +179,10 @@ AI void reduce_share(const ShmHandle *h, int64_t lo, int64_t hi, int bf) {
 int shm_all_reduce(void *handle, void *data, int64_t numel, int dtype) {
     ShmHandle *h = (ShmHandle *)handle;
     if (h->broken || !h->base) return -EPIPE;
-    if ((dtype != DTYPE_F32 && dtype != DTYPE_BF16) || numel < 0) return -EINVAL;
+    int f16 = dtype == SHM_DTYPE_F16 && SHM_HAS_F16; /* numel 0 asks whether a dtype is served, at no cost */
+    if ((dtype != DTYPE_F32 && dtype != DTYPE_BF16 && !f16) || numel < 0) return -EINVAL;
     int bf = dtype == DTYPE_BF16, rc;
-    int64_t es = elem_size(bf), per_piece = h->slot_bytes / es;
+    int64_t es = f16 ? 2 : elem_size(bf), per_piece = h->slot_bytes / es;
     for (int64_t off = 0; off < numel; off += per_piece) {
         int64_t n = numel - off < per_piece ? numel - off : per_piece;
         unsigned char *mine = (unsigned char *)data + off * es;
@@ -165,6 +190,9 @@ int shm_all_reduce(void *handle, void *data, int64_t numel, int dtype) {
         if ((rc = barrier(h))) return rc;
         int64_t lo = n * h->rank / h->world_size, hi = n * (h->rank + 1) / h->world_size;
         if (bf) reduce_share(h, lo, hi, 1);
+#if SHM_HAS_F16
+        else if (f16) reduce_share_f16(h, lo, hi);
+#endif
         else reduce_share(h, lo, hi, 0);
         if ((rc = barrier(h))) return rc;
         memcpy(mine, slot(h, 0), (size_t)(n * es));

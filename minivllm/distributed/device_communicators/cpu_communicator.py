@@ -14,7 +14,8 @@ rank fails to map it, every rank logs why and keeps gloo. A collective that wait
 peer (dead or stuck) raises instead of hanging, and every later one raises too.
 
 Differs from vLLM: vLLM keys the segment by VLLM_DIST_IDENT and gives each rank a segment of its own;
-here one per group, named at setup. Tensors other than contiguous-able float32/bfloat16 go through gloo.
+here one per group, named at setup. float32, bfloat16 and float16 (where the C compiler has _Float16) are
+summed in float32 and rounded once; other dtypes go through gloo.
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ logger = logging.getLogger("minivllm")
 
 SLOT_BYTES = 1 << 20  # one rank's piece of a collective; larger tensors go in several pieces
 TIMEOUT_S = 300.0  # as the executor's step timeout: a peer this late is dead or stuck
-_DTYPES = {torch.float32: 0, torch.bfloat16: 1}  # csrc/cpu/cpu_types.h's DTYPE_F32 / DTYPE_BF16
+_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # cpu_types.h's DTYPE_F32, DTYPE_BF16; shm.c's
 
 
 class ShmCollectiveError(RuntimeError):
@@ -72,6 +73,8 @@ class CpuCommunicator:
             self.lib.shm_group_unlink(self._handle)
         dist.barrier(group=cpu_group)  # the name is gone on every rank's return
         self.disabled = any(codes)
+        self.dtypes = [] if self.disabled else [d for d, code in _DTYPES.items()  # float16 where the compiler has it
+                                                if self.lib.shm_all_reduce(self._handle, None, 0, code) == 0]
         if self.disabled:
             failed = {r: os.strerror(-c) for r, c in enumerate(codes) if c}
             logger.warning("shared-memory collectives unavailable (%s), using gloo instead", failed)
@@ -92,7 +95,7 @@ class CpuCommunicator:
 
     def can_serve(self, input_: torch.Tensor) -> bool:
         """True for a CPU tensor of a dtype shm.c sums (the same answer on every rank for the same call)."""
-        return self._handle is not None and input_.dtype in _DTYPES and input_.device.type == "cpu"
+        return self._handle is not None and input_.dtype in self.dtypes and input_.device.type == "cpu"
 
     def all_reduce(self, input_: torch.Tensor) -> torch.Tensor:
         """Sum over the group, in place (vLLM's returns a new tensor; the callers here use either)."""
