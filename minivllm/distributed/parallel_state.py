@@ -11,7 +11,7 @@ With tensor_parallel_size 1 no process group is created at all: `get_tp_group()`
 collectives return their input (vLLM creates a one-rank group even then; minivllm skips the TCP store,
 so a single-process engine needs no free port). The tensor-parallel group of ranks on one machine (nnodes == 1)
 gets vLLM's device communicator for the CPU, CpuCommunicator (device_communicators/cpu_communicator.py): its
-all-reduce and all-gather of float32/bfloat16 go through shared memory, everything else through gloo, and all
+all-reduce and all-gather of float32/bfloat16/float16 go through shared memory, the rest through gloo, and all
 of it through gloo across machines or with MINIVLLM_CPU_SHM_COMM=0. Left out: pipeline, data, expert and
 context parallel groups, custom all-reduce kernels for GPUs, shared-memory broadcasters.
 
@@ -55,7 +55,8 @@ class GroupCoordinator:
         """The shared-memory collectives, for a CPU group whose ranks are all on this machine (collective: every
         rank of the group calls it). vLLM builds its communicator in __init__; here the caller knows the nodes."""
         from minivllm import envs
-        if self.world_size == 1 or self.backend != "gloo" or not envs.cpu_shm_comm():
+        if (self.world_size == 1 or self.backend != "gloo" or not envs.cpu_shm_comm()
+                or self.device_communicator is not None):
             return
         from minivllm.distributed.device_communicators.cpu_communicator import CpuCommunicator
         communicator = CpuCommunicator(self.cpu_group, self.ranks, self.rank_in_group)
