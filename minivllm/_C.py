@@ -1,18 +1,17 @@
 """Mirror of vllm._C, the compiled op library, for the CPU: csrc/cpu/*.c built on first use and called via ctypes.
 
-vLLM ships its C++ ops prebuilt inside the wheel; minivllm compiles its C files (csrc/cpu/, one per
-vLLM file: cache, cpu_attn, layernorm, activation, pos_encoding, gemm) into one library with the
-system's C compiler the first time an engine starts on the CPU (a second or two; csrc/build.py) and
-caches it under MINIVLLM_CACHE_DIR/ops/, keyed by the sources, the flags and the CPU. SIGNATURES
-below types every exported function for ctypes, written out from csrc/cpu/ops.h (a test parses the
-C and compares). Each wrapper checks dtypes and layouts, then hands raw pointers to C; the library
+vLLM ships its C++ ops prebuilt inside the wheel; minivllm compiles its C files (csrc/cpu/, one per vLLM file: cache,
+cpu_attn, layernorm, activation, pos_encoding, gemm, shm) into one library with the system's C compiler the first time
+an engine starts on the CPU (a second or two; csrc/build.py), cached under MINIVLLM_CACHE_DIR/ops/, keyed by the
+sources, the flags and the CPU. SIGNATURES types every exported function for ctypes, written out from csrc/cpu/ops.h
+(a test parses the C and compares). Each wrapper checks dtypes and layouts, then hands raw pointers to C; the library
 runs on torch's own OpenMP thread pool (the same libgomp), so `torch.set_num_threads` governs it too.
 
-Without a compiler, with MINIVLLM_CPU_KERNELS=0, or on any failure to load (a refused folder, a
-dlopen error, a missing symbol), `available()` is False (logged once); which op then runs instead is
-decided once, in minivllm/_custom_ops.py. The ops take float32 and bfloat16 (arithmetic in float32,
-results rounded to bf16 where PyTorch's own ops round: see csrc/cpu/cpu_types.h). A tensor an op cannot
-take is a ValueError, never a silent detour. Left out: CUDA, fp16, fp8, torch.ops registration (ctypes instead).
+Without a compiler, with MINIVLLM_CPU_KERNELS=0, or on any failure to load (a refused folder, a dlopen error, a missing
+symbol), `available()` is False (logged once); which op then runs instead is decided once, in minivllm/_custom_ops.py.
+The ops take float32 and bfloat16 (arithmetic in float32, results rounded to bf16 where PyTorch's own ops round: see
+csrc/cpu/cpu_types.h). A tensor an op cannot take is a ValueError, never a silent detour. Left out: CUDA, fp16, fp8,
+torch.ops registration (ctypes instead).
 """
 from __future__ import annotations
 
@@ -43,16 +42,17 @@ SIGNATURES: dict[str, tuple[list, object]] = {
     "fused_add_rms_norm": ([_P, _P, _P, _I64, _I64, _F, _INT], None),
     # activation.c: out, x, num_tokens, d, dtype
     "silu_and_mul": ([_P, _P, _I64, _I64, _INT], None),
-    # pos_encoding.c: positions, q, k, cos_cache, sin_cache, num_tokens, num_heads, num_kv_heads, head_size,
-    # q_stride, k_stride, dtype
+    # pos_encoding.c: positions, q, k, cos/sin_cache, num_tokens, num_heads, num_kv_heads, head_size, q/k_stride, dtype
     "rotary_embedding": ([_P] * 5 + [_I64] * 6 + [_INT], None),
     # gemm.c: () -> PANEL / packed, weight, n, k / out, x, packed, bias, m, n, k, x_stride
-    "panel_width": ([], _I64),
-    "pack_linear_weight": ([_P, _P, _I64, _I64], None),
+    "panel_width": ([], _I64), "pack_linear_weight": ([_P, _P, _I64, _I64], None),
     "linear_small_batch": ([_P, _P, _P, _P, _I64, _I64, _I64, _I64], None),
     "linear_bf16_has_dp": ([], _INT),  # () -> 1 where the AVX512_BF16 tile is built in; then as the float32 pair
-    "pack_linear_weight_bf16": ([_P, _P, _I64, _I64], None),
-    "linear_small_batch_bf16": ([_P, _P, _P, _P, _I64, _I64, _I64, _I64], None),
+    "pack_linear_weight_bf16": ([_P, _P, _I64, _I64], None), "linear_small_batch_bf16": ([_P] * 4 + [_I64] * 4, None),
+    # shm.c (0 or -errno): handle [, name, rank, world_size, slot_bytes, timeout_ms / data, numel, dtype / in, out, n]
+    "shm_handle_size": ([], _I64), "shm_group_open": ([_P, _P] + [_I64] * 4, _INT), "shm_group_close": ([_P], None),
+    "shm_group_unlink": ([_P], _INT), "shm_all_reduce": ([_P, _P, _I64, _INT], _INT),
+    "shm_all_gather": ([_P, _P, _P, _I64], _INT),
 }
 _lib: ctypes.CDLL | None = None
 _tried = False

@@ -44,6 +44,9 @@ ENVIRONMENT = [
            "the CPU)"),
     EnvVar("MINIVLLM_CPU_KERNELS", "1", _flag, "0 keeps every op on its PyTorch path instead of the compiled C library"),
     EnvVar("MINIVLLM_CPU_PACKED_LINEAR", "1", _flag, "0 leaves Linear weights unpacked, off the compiled CPU GEMM"),
+    EnvVar("MINIVLLM_CPU_SHM_COMM", "1", _flag,
+           "0 sends the all-reduces and all-gathers of tensor-parallel ranks on one machine through gloo instead of "
+           "a shared-memory segment"),
     EnvVar("MINIVLLM_KEEP_FREED_MEMORY", "1", _flag, "0 lets glibc give freed buffers back to the OS after every step"),
     EnvVar("MINIVLLM_LOGGING_LEVEL", "INFO", lambda raw: (raw or "INFO").upper(), "level of the minivllm logger"),
     EnvVar("MINIVLLM_TORCH_PROFILER_DIR", "", _text,
@@ -83,6 +86,10 @@ def cpu_kernels() -> bool:
 
 def cpu_packed_linear() -> bool:
     return get("MINIVLLM_CPU_PACKED_LINEAR")
+
+
+def cpu_shm_comm() -> bool:
+    return get("MINIVLLM_CPU_SHM_COMM")
 
 
 def enable_v1_multiprocessing() -> bool:

@@ -66,7 +66,7 @@ def test_ctypes_signatures_match_the_c_prototypes_and_definitions():
         assert not set(found) & set(defined), f"{source.name} defines a function another file defines"
         defined.update(found)
         assert '#include "ops.h"' in source.read_text(), f"{source.name} must include ops.h (the compiler checks)"
-    assert len(declared) == 12 and not mismatches(declared, defined), mismatches(declared, defined)
+    assert len(declared) == 18 and not mismatches(declared, defined), mismatches(declared, defined)
     assert not mismatches(declared, _C.SIGNATURES), mismatches(declared, _C.SIGNATURES)
 
 
@@ -82,7 +82,7 @@ def test_the_signature_check_catches_a_changed_prototype():
 
 def test_the_c_files_are_vllms_csrc_cpu_files_each_scalar_path_first():
     names = {"cache.c", "cpu_attn.c", "cpu_attn_avx512.c", "cpu_attn_avx512_bf16.c", "layernorm.c", "activation.c",
-             "pos_encoding.c", "gemm.c"}
+             "pos_encoding.c", "gemm.c", "shm.c"}
     assert {p.name for p in ops_build.SOURCES} == names == {p.name for p in CPU_DIR.glob("*.c")}
     assert {p.name for p in ops_build.HEADERS} == {p.name for p in CPU_DIR.glob("*.h")}
     for name in names - {"cpu_attn_avx512_bf16.c"}:

@@ -33,7 +33,7 @@ logger = logging.getLogger("minivllm")
 
 CPU_DIR = Path(__file__).parent / "cpu"
 SOURCES = tuple(CPU_DIR / name for name in ("cache.c", "cpu_attn.c", "cpu_attn_avx512.c", "cpu_attn_avx512_bf16.c",
-                                            "layernorm.c", "activation.c", "pos_encoding.c", "gemm.c"))
+                                            "layernorm.c", "activation.c", "pos_encoding.c", "gemm.c", "shm.c"))
 HEADERS = tuple(CPU_DIR / name for name in ("cpu_types.h", "ops.h", "cpu_attn_impl.h", "cpu_attn_avx512.h"))
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math",
           "-std=c11", "-fPIC", "-shared"]

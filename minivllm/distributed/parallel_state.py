@@ -9,8 +9,11 @@ ranks, as vLLM's: `device_group` for tensors (gloo on the CPU, NCCL where the te
 
 With tensor_parallel_size 1 no process group is created at all: `get_tp_group()` is a group of one whose
 collectives return their input (vLLM creates a one-rank group even then; minivllm skips the TCP store,
-so a single-process engine needs no free port). Left out: pipeline, data, expert and context parallel
-groups, custom all-reduce kernels, shared-memory broadcasters, device communicators.
+so a single-process engine needs no free port). The tensor-parallel group of ranks on one machine (nnodes == 1)
+gets vLLM's device communicator for the CPU, CpuCommunicator (device_communicators/cpu_communicator.py): its
+all-reduce and all-gather of float32/bfloat16/float16 go through shared memory, the rest through gloo, and all
+of it through gloo across machines or with MINIVLLM_CPU_SHM_COMM=0. Left out: pipeline, data, expert and
+context parallel groups, custom all-reduce kernels for GPUs, shared-memory broadcasters.
 
 Tracing records the collectives from outside (minivllm/tracing/collectives.py wraps this object's methods while
 a trace is open); nothing here knows of it.
@@ -36,7 +39,8 @@ class GroupCoordinator:
 
     def __init__(self, ranks: list[int], backend: str | None) -> None:
         self.ranks = list(ranks)
-        self.world_size = len(self.ranks)
+        self.world_size, self.backend = len(self.ranks), backend
+        self.device_communicator = None  # set by init_device_communicator; None: torch.distributed's collectives
         if self.world_size == 1 or backend is None:
             self.rank, self.rank_in_group, self.device_group, self.cpu_group = self.ranks[0], 0, None, None
         else:
@@ -47,10 +51,28 @@ class GroupCoordinator:
                 dist.new_group(self.ranks, backend="gloo", timeout=GROUP_TIMEOUT)
         self.is_first_rank = self.rank_in_group == 0
 
+    def init_device_communicator(self) -> None:
+        """The shared-memory collectives, for a CPU group whose ranks are all on this machine (collective: every
+        rank of the group calls it). vLLM builds its communicator in __init__; here the caller knows the nodes."""
+        from minivllm import envs
+        if (self.world_size == 1 or self.backend != "gloo" or not envs.cpu_shm_comm()
+                or self.device_communicator is not None):
+            return
+        from minivllm.distributed.device_communicators.cpu_communicator import CpuCommunicator
+        communicator = CpuCommunicator(self.cpu_group, self.ranks, self.rank_in_group)
+        self.device_communicator = None if communicator.disabled else communicator
+
+    def destroy_device_communicator(self) -> None:
+        if self.device_communicator is not None:
+            self.device_communicator.destroy()
+            self.device_communicator = None
+
     def all_reduce(self, input_: torch.Tensor) -> torch.Tensor:
         """Sum `input_` over the group, in place; every rank gets the sum."""
         if self.world_size == 1:
             return input_
+        if self.device_communicator is not None and self.device_communicator.can_serve(input_):
+            return self.device_communicator.all_reduce(input_)
         dist.all_reduce(input_, group=self.device_group)
         return input_
 
@@ -58,6 +80,8 @@ class GroupCoordinator:
         """Every rank's `input_` concatenated along `dim`, on every rank."""
         if self.world_size == 1:
             return input_
+        if self.device_communicator is not None and self.device_communicator.can_serve(input_):
+            return self.device_communicator.all_gather(input_, dim)
         parts = [torch.empty_like(input_) for _ in range(self.world_size)]
         dist.all_gather(parts, input_.contiguous(), group=self.device_group)
         return torch.cat(parts, dim=dim)
@@ -108,9 +132,11 @@ def init_distributed_environment(world_size: int = 1, rank: int = 0, distributed
     _WORLD.rank, _WORLD.local_rank = rank, local_rank
 
 
-def initialize_model_parallel(tensor_model_parallel_size: int = 1) -> None:
+def initialize_model_parallel(tensor_model_parallel_size: int = 1, nnodes: int = 1) -> None:
     """Split the world into tensor-parallel groups. Pipeline and data parallelism are left out, so the
-    world is exactly one tensor-parallel group and the TP group is the world's own (vLLM makes a second)."""
+    world is exactly one tensor-parallel group and the TP group is the world's own (vLLM makes a second).
+    With every rank on this machine (`nnodes` 1; vLLM reads it from its config) the group's all-reduce and
+    all-gather go through shared memory (GroupCoordinator.init_device_communicator)."""
     global _TP
     if _WORLD is None:
         raise RuntimeError("init_distributed_environment() must run before initialize_model_parallel()")
@@ -118,6 +144,8 @@ def initialize_model_parallel(tensor_model_parallel_size: int = 1) -> None:
         raise ValueError(f"world size {_WORLD.world_size} != tensor_model_parallel_size "
                          f"{tensor_model_parallel_size}: minivllm has no other parallel dimension")
     _TP = _WORLD
+    if nnodes == 1:
+        _TP.init_device_communicator()
 
 
 def model_parallel_is_initialized() -> bool:
@@ -144,13 +172,18 @@ def get_tensor_model_parallel_rank() -> int:
 
 
 def destroy_model_parallel() -> None:
+    """Leave the tensor-parallel group: its shared-memory segment is unmapped here."""
     global _TP
+    if _TP is not None:
+        _TP.destroy_device_communicator()
     _TP = None
 
 
 def destroy_distributed_environment() -> None:
     """Leave the world this process joined (a world of one joined nothing: the caller's own groups stay)."""
     global _WORLD
+    if _WORLD is not None:
+        _WORLD.destroy_device_communicator()
     if _WORLD is not None and _WORLD.world_size > 1 and dist.is_initialized():
         dist.destroy_process_group()
     _WORLD = None

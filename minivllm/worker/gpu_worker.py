@@ -82,7 +82,7 @@ class Worker:
         tp = config.tensor_parallel_size
         init_distributed_environment(tp, self.rank, self.distributed_init_method or "env://", self.local_rank,
                                      backend="nccl" if config.device == "cuda" else "gloo")
-        initialize_model_parallel(tp)
+        initialize_model_parallel(tp, config.nnodes)
         set_random_seed(config.seed)
 
     def load_model(self) -> None:

@@ -46,4 +46,13 @@ void pack_linear_weight_bf16(uint16_t *packed, const uint16_t *weight, int64_t n
 void linear_small_batch_bf16(uint16_t *out, const uint16_t *x, const uint16_t *packed, const uint16_t *bias,
                              int64_t m, int64_t n, int64_t k, int64_t x_stride);
 
+/* shm.c: the handle is caller-owned memory of shm_handle_size() bytes; ints returned are 0 or -errno */
+int64_t shm_handle_size(void);
+int shm_group_open(void *handle, const char *name, int64_t rank, int64_t world_size, int64_t slot_bytes,
+                   int64_t timeout_ms);
+int shm_group_unlink(void *handle);
+void shm_group_close(void *handle);
+int shm_all_reduce(void *handle, void *data, int64_t numel, int dtype);
+int shm_all_gather(void *handle, const void *in, void *out, int64_t nbytes);
+
 #endif /* MINIVLLM_OPS_H */
