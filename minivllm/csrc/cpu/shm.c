@@ -37,7 +37,7 @@
 #define SHM_HEADER_BYTES 4096
 #define SHM_NAME_MAX 128
 #define SHM_SPINS 4096      /* busy polls before the first sched_yield */
-#define SHM_YIELD_NS 2000000 /* then yield for 2 ms, then sleep SHM_SLEEP_NS between polls */
+#define SHM_YIELD_NS 2000000 /* then yield this many ns, then sleep SHM_SLEEP_NS between polls */
 #define SHM_SLEEP_NS 20000
 #define SHM_BLOCK 256       /* elements summed per pass (a float32 accumulator on the stack) */
 #define SHM_DTYPE_F16 2     /* float16 (beside cpu_types.h's DTYPE_F32 / DTYPE_BF16): only here */
@@ -162,7 +162,7 @@ static void reduce_share_f16(const ShmHandle *h, int64_t lo, int64_t hi) {
 #endif
 
 /* Elements lo..hi of the current piece: slot 0 = slot 0 + slot 1 + ... in float32, rounded once. */
-AI void reduce_share(const ShmHandle *h, int64_t lo, int64_t hi, int bf) {
+ALWAYS_INLINE void reduce_share(const ShmHandle *h, int64_t lo, int64_t hi, int bf) {
     float acc[SHM_BLOCK];
     void *out = slot(h, 0);
     for (int64_t b = lo; b < hi; b += SHM_BLOCK) {
