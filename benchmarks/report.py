@@ -28,7 +28,8 @@ ORDER = [("throughput", "Offline throughput"), ("vs_vllm", "Against vLLM's CPU b
          ("cpu_graph", "CPU graphs against eager"), ("decode_gemm", "The decode GEMM"),
          ("prefill_attention", "Prefill attention"), ("prefix_caching", "Prefix caching"),
          ("spec_decode", "Speculative decoding"), ("tensor_parallel", "Tensor parallelism"),
-         ("shared_cpu", "A shared CPU"), ("kernels", "Triton kernels")]
+         ("async_scheduling", "Async scheduling on and off"), ("shared_cpu", "A shared CPU"),
+         ("kernels", "Triton kernels")]
 # the columns that say which round a row is, first, in this order; the numbers follow as the file lists them
 LEADING = ["in flight", "workload", "dtype", "rows", "tokens", "kernel", "system", "prefix caching", "child OpenMP",
            "neighbour", "round"]
