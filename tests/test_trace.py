@@ -45,7 +45,7 @@ def default_run(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def small_pool_run(tmp_path_factory):
-    """The README's preemption example: 6 blocks of 8 tokens, with the default --steps."""
+    """The trace page's preemption example: 6 blocks of 8 tokens, with the default --steps."""
     tmp = tmp_path_factory.mktemp("pool")
     args = trace_args(tmp, "d.json", "--num-blocks", "6", "--block-size", "8", "--neighbours", "3",
                       "--max-tokens", "12", "--in-process")

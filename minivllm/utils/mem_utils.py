@@ -8,7 +8,7 @@ A decode step reads every weight of the model once, one GEMM after the other. Pa
 layer's C GEMM panels (models/utils.py) sit in their own allocation, between the oneDNN copies of the same
 weights (packed just before them). Moved into one buffer, back to back in the order a forward uses them (the
 loader's process_weights_after_loading), they stream as one run, and the buffer is advised for transparent huge
-pages (Linux; fewer TLB misses over hundreds of MB). The README's "One buffer for the weights" has the numbers.
+pages (Linux; fewer TLB misses over hundreds of MB). Its effect is measured by the benchmarks (docs/performance.md).
 """
 from __future__ import annotations
 
