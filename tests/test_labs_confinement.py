@@ -22,18 +22,7 @@ from minivllm.labs.registry import LABS
 
 pytestmark = pytest.mark.timeout(900)
 
-HONEST = textwrap.dedent('''
-    import hashlib
-    import struct
-
-    from minivllm.core.kv_cache_utils import NONE_HASH
-
-
-    def hash_block_tokens(parent_block_hash, curr_block_token_ids):
-        parent = NONE_HASH if parent_block_hash is None else parent_block_hash
-        packed = struct.pack(f"<{len(curr_block_token_ids)}q", *curr_block_token_ids)
-        return hashlib.sha256(parent + packed).digest()
-''')
+from test_labs_isolation import HONEST  # noqa: E402 (lab 7's honest submission, one copy)
 N7 = len(LABS[7].checks)
 MARKER = f"minivllm-daemon-{os.getpid()}-{time.monotonic_ns()}"  # names the daemon's command line, nothing else
 
