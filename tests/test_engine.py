@@ -260,9 +260,11 @@ def test_kv_cache_is_sized_from_what_the_workers_report(tiny_llama_folder, monke
 
 
 def test_tracing_reads_each_steps_batch_from_the_workers_and_leaves_the_step_alone(tiny_llm):
-    """The tracer is a scheduler observer; the packed batch comes from every worker by collective_rpc."""
+    """The tracer is a scheduler observer; each step's packed batch is recorded in the worker as the step runs
+    (attached by one collective_rpc when tracing starts, detached by one when it stops); the in-process worker's
+    records are read directly, so the steps themselves make no extra call."""
     from minivllm.tracing import run_traced
-    from minivllm.tracing.tracer import EngineTracer, describe_execute
+    from minivllm.tracing.tracer import set_step_recording
     core = tiny_llm.llm_engine.engine_core.engine_core
     executor, rpcs = core.model_executor, []
     real = executor.collective_rpc
@@ -275,9 +277,9 @@ def test_tracing_reads_each_steps_batch_from_the_workers_and_leaves_the_step_alo
         core.scheduler.observers.clear()
         tiny_llm.llm_engine.tracer = None
     executes = trace.of_kind("execute")
-    # each step: the step's own execute_model, then the tracer's read of what the worker packed
-    assert rpcs == ["execute_model", describe_execute] * 3 and len(executes) == 3
-    assert attached == [core.tracer] and isinstance(core.tracer, EngineTracer)
+    assert rpcs == [set_step_recording] + ["execute_model"] * 3 + [set_step_recording] and len(executes) == 3
+    assert "execute_model" not in vars(core.model_executor.driver_worker.model_runner)  # detached
+    assert attached == [] and core.tracer is None  # run_traced detached it again
     assert executes[0]["batch"]["positions"] == list(range(len(executes[0]["batch"]["input_ids"])))
     assert [e["batch"]["positions"] for e in executes[1:]] == [[executes[0]["batch"]["positions"][-1] + i]
                                                                for i in (1, 2)]
