@@ -63,7 +63,7 @@ def dispatch_cpu_unquantized_gemm(layer: nn.Module, remove_weight: bool) -> None
     out_features, in_features = weight.shape
     layer.onednn_weight = torch.ops.mkldnn._reorder_linear_weight(weight, ONEDNN_BATCH_SIZE_HINT)
     layer.gemm_panels = ops.pack_small_batch_linear(weight)  # None: every batch goes to oneDNN
-    rows = 0 if layer.gemm_panels is None else small_batch_rows(weight.dtype)
+    rows = -1 if layer.gemm_panels is None else small_batch_rows(weight.dtype)  # -1: even an empty batch to oneDNN
 
     def cpu_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if x.dim() != 2:  # the models hand over [num_tokens, hidden]: no reshape for them
