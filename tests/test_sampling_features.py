@@ -296,7 +296,7 @@ def test_the_sampler_skips_processing_when_no_request_asks(llm):
         runner.sampler = real
     gen(llm, [PROMPT], SamplingParams(max_tokens=1))  # the next step hands the runner the finished ids
     state = runner.sampling_state
-    assert not state.processing_reqs and not state.allowed_token_ids_masks and not runner.num_prompt_logprobs
+    assert not state.processing_reqs and not state.allowed_token_ids_masks and not runner.prompt_logprobs
 
 
 def reference_prompt_logprobs(model, ids, k):
