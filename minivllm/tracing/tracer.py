@@ -113,14 +113,14 @@ class EngineTracer:
         # the overlap is the point of async scheduling: time the stages (one in-process worker: see on_update)
         self.timed = bool(model_executor.config.async_scheduling) and hasattr(model_executor, "driver_worker")
         model_executor.collective_rpc(set_step_recording, args=(True,))
-        self.scheduler, self._schedule_began = scheduler, 0.0
+        self.scheduler, self._schedule_began, self._timed_schedule = scheduler, 0.0, None
         if scheduler is not None and self.timed:  # note when each schedule() begins, from outside
-            schedule = scheduler.schedule
+            schedule, self._replaced = scheduler.schedule, scheduler.__dict__.get("schedule")
 
             def timed_schedule():
                 self._schedule_began = time.monotonic()
                 return schedule()
-            scheduler.schedule = timed_schedule
+            scheduler.schedule = self._timed_schedule = timed_schedule
         self._in_flight: deque[int] = deque()  # steps scheduled, their outputs not applied yet (async: two)
         self._untraced = steps_in_flight  # async: steps scheduled before the trace opened, their updates skipped
         self.session = session
@@ -131,8 +131,11 @@ class EngineTracer:
     def close(self) -> None:
         """Detached: the workers stop recording their steps, the scheduler runs its own schedule() again."""
         self.model_executor.collective_rpc(set_step_recording, args=(False,))
-        if self.scheduler is not None:
-            self.scheduler.__dict__.pop("schedule", None)
+        if self._timed_schedule is not None and self.scheduler.__dict__.get("schedule") is self._timed_schedule:
+            if self._replaced is None:  # what was there before: the class's method, or someone's own wrapper
+                del self.scheduler.schedule
+            else:
+                self.scheduler.schedule = self._replaced
 
     def drain(self) -> list[dict[str, Any]]:
         events, self.events = self.events, []
