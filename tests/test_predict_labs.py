@@ -40,11 +40,12 @@ def test_a_right_prediction_prints_the_measured_value(capsys):
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_every_lab_has_a_knob_a_solution_block_and_a_teaching_check(path):
     cells = ["".join(c["source"]) for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
-    answer = [i for i, source in enumerate(cells) if "### BEGIN SOLUTION" in source]
-    assert len(answer) == 1, "one solution block per notebook"
-    source = cells[answer[0]]
-    block = source.split("### BEGIN SOLUTION\n")[1].split("### END SOLUTION")[0]
-    assert re.fullmatch(r"MY_ANSWER = [^#\n]+\n", block), "the solution block holds the answer only"
-    assert KNOB.search(source), "a knob with its range: NAME = value  # try ..."
-    assert "check_prediction(" in cells[answer[0] + 1]
+    answers = [i for i, source in enumerate(cells) if "### BEGIN SOLUTION" in source]
+    assert answers, "every notebook ends in a lab (notebook 01 has a second, on async scheduling)"
+    for i in answers:
+        source = cells[i]
+        block = source.split("### BEGIN SOLUTION\n")[1].split("### END SOLUTION")[0]
+        assert re.fullmatch(r"MY_(\w+_)?ANSWER = [^#\n]+\n", block), "the solution block holds the answer only"
+        assert KNOB.search(source), "a knob with its range: NAME = value  # try ..."
+        assert "check_prediction(" in cells[i + 1]
     assert not any(BARE_ASSERT.search(s) for s in cells)

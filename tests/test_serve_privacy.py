@@ -205,22 +205,21 @@ class LogRecords(logging.Handler):
         logging.getLogger("minivllm").setLevel(self.level)
 
 
-def test_start_up_log_line_and_a_warning_off_loopback():
-    from minivllm.entrypoints.openai.trace_page import announce_trace_page
-
-    def announced(logs):  # only this call's lines: an earlier test's engine may still be logging on its threads
-        return [r for r in logs.records if r.funcName == "announce_trace_page"]
-    with LogRecords() as logs:
-        announce_trace_page("127.0.0.1", False)
-        lines = announced(logs)
-        assert [r.levelno for r in lines] == [logging.INFO]
-        assert "block ids" in lines[0].getMessage() and "no request text or token ids" in lines[0].getMessage()
-    with LogRecords() as logs:
-        announce_trace_page("0.0.0.0", True)
-        lines = announced(logs)
-        text = "\n".join(r.getMessage() for r in lines)
-        assert [r.levelno for r in lines] == [logging.INFO, logging.WARNING]
-        assert "not a loopback address" in text and "prompts and outputs" in text
+def test_start_up_log_line_and_a_warning_off_loopback(monkeypatch):
+    """announce_trace_page's lines, read from a logger of the test's own (the shared "minivllm" logger's level and
+    handlers are whatever earlier tests left)."""
+    from minivllm.entrypoints.openai import trace_page
+    logs = LogRecords()
+    logger = logging.Logger("trace-page-under-test", logging.INFO)
+    logger.addHandler(logs)
+    monkeypatch.setattr(trace_page, "logger", logger)
+    trace_page.announce_trace_page("127.0.0.1", False)
+    assert [r.levelno for r in logs.records] == [logging.INFO]
+    assert "block ids" in logs.text() and "no request text or token ids" in logs.text()
+    logs.records.clear()
+    trace_page.announce_trace_page("0.0.0.0", True)
+    assert [r.levelno for r in logs.records] == [logging.INFO, logging.WARNING]
+    assert "not a loopback address" in logs.text() and "prompts and outputs" in logs.text()
 
 
 @pytest.mark.timeout(300)
