@@ -47,6 +47,9 @@ ENVIRONMENT = [
     EnvVar("MINIVLLM_CPU_SHM_COMM", "1", _flag,
            "0 sends the all-reduces and all-gathers of tensor-parallel ranks on one machine through gloo instead of "
            "a shared-memory segment"),
+    EnvVar("MINIVLLM_SPEC_MAX_VERIFY_TOKENS", "20 on the CPU, unset on a GPU", _text,
+           "speculative decoding: the most tokens (requests x (drafts + 1)) a step verifies; past it each request "
+           "carries fewer drafts, down to none (0 or 'none': always num_speculative_tokens, vLLM's static k)"),
     EnvVar("MINIVLLM_KEEP_FREED_MEMORY", "1", _flag, "0 lets glibc give freed buffers back to the OS after every step"),
     EnvVar("MINIVLLM_LOGGING_LEVEL", "INFO", lambda raw: (raw or "INFO").upper(), "level of the minivllm logger"),
     EnvVar("MINIVLLM_TORCH_PROFILER_DIR", "", _text,
@@ -90,6 +93,23 @@ def cpu_packed_linear() -> bool:
 
 def cpu_shm_comm() -> bool:
     return get("MINIVLLM_CPU_SHM_COMM")
+
+
+# The CPU's default bound on the tokens a speculative step verifies (benchmarks/spec_decode.py measures it):
+# past a few rows a CPU decode step is compute-bound, so a draft costs about what a plain token does.
+CPU_SPEC_MAX_VERIFY_TOKENS = 20
+
+
+def spec_max_verify_tokens(device: str) -> int | None:
+    """The bound on requests x (drafts + 1) of a speculative step (spec_decode/config.py), None for none."""
+    raw = get("MINIVLLM_SPEC_MAX_VERIFY_TOKENS")
+    if raw is None:
+        return CPU_SPEC_MAX_VERIFY_TOKENS if device == "cpu" else None
+    if raw.lower() in ("0", "none"):
+        return None
+    if not raw.isdigit():
+        raise ValueError(f"MINIVLLM_SPEC_MAX_VERIFY_TOKENS={raw!r}: give a positive int, or 0 / none for no bound")
+    return int(raw)
 
 
 def enable_v1_multiprocessing() -> bool:

@@ -21,6 +21,7 @@ import signal
 import traceback
 from collections import deque
 
+from minivllm import envs
 from minivllm.attention.selector import get_attn_backend_name
 from minivllm.config import CacheConfig, EngineConfig
 from minivllm.core.kv_cache_utils import get_kv_cache_config, get_request_block_hasher, max_model_len_for
@@ -50,7 +51,8 @@ class EngineCore:
         scheduler_class = AsyncScheduler if config.async_scheduling else Scheduler
         self.scheduler = scheduler_class(config.scheduler_config(self.max_model_len),
                                    CacheConfig(config.block_size, self.num_gpu_blocks, config.enable_prefix_caching),
-                                   num_spec_tokens=config.spec_config.num_speculative_tokens if config.spec_config else 0)
+                                   num_spec_tokens=config.spec_config.num_speculative_tokens if config.spec_config else 0,
+                                   max_verify_tokens=envs.spec_max_verify_tokens(config.device))
         # prefix caching: each Request hashes its full blocks as its tokens arrive (vLLM's request_block_hasher)
         self.request_block_hasher = get_request_block_hasher(config.block_size) \
             if config.enable_prefix_caching else None

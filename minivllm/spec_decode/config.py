@@ -48,3 +48,19 @@ class SpeculativeConfig:
         if lo > hi:
             raise ValueError(f"speculative_config prompt_lookup_min ({lo}) must not exceed prompt_lookup_max ({hi})")
         return cls(method, k, hi, lo)
+
+
+def num_spec_tokens_to_schedule(num_speculative_tokens: int, num_reqs: int, max_verify_tokens: int | None) -> int:
+    """How many drafts each request may carry into the next step (vLLM's `num_spec_tokens_to_schedule`).
+
+    A step verifying d drafts per request runs num_reqs * (d + 1) tokens through the model. Where that many rows
+    still cost about one pass over the weights (a GPU, or a CPU at a few requests) drafts are nearly free and every
+    request carries k; where the step is already compute-bound each draft costs about what a plain step's token
+    does, and a rejected one is lost. So the drafts shrink as the batch grows: the most d <= k with
+    num_reqs * (d + 1) <= max_verify_tokens, down to none (plain decode steps). None keeps k always (vLLM's
+    static k). minivllm's default (envs.spec_max_verify_tokens) is a bound on the CPU, none on a GPU; vLLM's
+    newest release picks k per step from a per-batch-size profile instead.
+    """
+    if max_verify_tokens is None:
+        return num_speculative_tokens
+    return max(0, min(num_speculative_tokens, max_verify_tokens // max(num_reqs, 1) - 1))

@@ -218,7 +218,8 @@ class GPUModelRunner:
             if logprobs is not None:
                 logprobs[req_index] = sampled_logprobs[j]
         if self.drafter is not None:  # taken by take_draft_token_ids after the step, as vLLM's
-            proposed = propose_draft_token_ids(self.drafter, self.sampling_state, self.input_batch, sampling_ids)
+            proposed = propose_draft_token_ids(self.drafter, self.sampling_state, self.input_batch, sampling_ids,
+                                               so.num_spec_tokens_to_schedule)
             self._draft_token_ids = DraftTokenIds(list(proposed), list(proposed.values()))
         return ModelRunnerOutput(b.req_ids, {r: i for i, r in enumerate(b.req_ids)}, sampled_token_ids, logprobs,
                                  prompt_logprobs)

@@ -55,15 +55,18 @@ def sample_tokens(sampler: Sampler, rejection_sampler: RejectionSampler, state: 
 
 
 def propose_draft_token_ids(proposer: NgramProposer, state: SamplingState, batch: InputBatch,
-                            req_ids: list[str]) -> dict[str, list[int]]:
-    """Drafts for each request's next step from its own tokens. None for a request whose logits the sampler
+                            req_ids: list[str], max_drafts: int) -> dict[str, list[int]]:
+    """Drafts for each request's next step from its own tokens, at most max_drafts each (the scheduler's
+    num_spec_tokens_to_schedule: 0 proposes nothing). None for a request whose logits the sampler
     processes with its history (penalties, bias, whitelist, bad words) or that is still short of min_tokens:
     its draft rows would need that processing position by position (vLLM does it; not built here)."""
     drafts = {}
+    if max_drafts == 0:
+        return drafts
     for req_id in req_ids:
         params, row = state.requests[req_id], batch.req_id_to_row[req_id]
         num_tokens = int(batch.num_tokens_cpu[row])
         if params.uses_logits_processing or num_tokens - state.num_prompt_tokens[req_id] < params.min_tokens:
             continue
-        drafts[req_id] = proposer.propose(batch.token_ids_cpu[row, :num_tokens])
+        drafts[req_id] = proposer.propose(batch.token_ids_cpu[row, :num_tokens])[:max_drafts]
     return drafts

@@ -59,3 +59,5 @@ class SchedulerOutput:
     preempted_req_ids: set[str] = field(default_factory=set)
     # req_id -> the draft tokens it verifies this step (only requests that carry drafts)
     scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
+    # the most drafts a request carries into the next step (speculative decoding; spec_decode/config.py)
+    num_spec_tokens_to_schedule: int = 0

@@ -19,11 +19,13 @@ from minivllm.core.sched.utils import check_request_fits, check_stop, remove_all
 from minivllm.engine import EngineCoreOutput, EngineCoreOutputs
 from minivllm.outputs import ModelRunnerOutput
 from minivllm.request import Request, RequestStatus
+from minivllm.spec_decode.config import num_spec_tokens_to_schedule
 from minivllm.spec_decode.metrics import SpecDecodingStats
 
 
 class Scheduler:
-    def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig, num_spec_tokens: int = 0) -> None:
+    def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig, num_spec_tokens: int = 0,
+                 max_verify_tokens: int | None = None) -> None:
         self.scheduler_config = scheduler_config
         self.cache_config = cache_config
         self.max_model_len = scheduler_config.max_model_len
@@ -35,6 +37,7 @@ class Scheduler:
         self.finished_req_ids: set[str] = set()  # since the last schedule(): the runner drops them
         self.num_preemptions = 0
         self.spec_decoding_stats = SpecDecodingStats(num_spec_tokens) if num_spec_tokens else None
+        self.num_spec_tokens, self.max_verify_tokens = num_spec_tokens, max_verify_tokens  # drafts: k, and its bound
         self.observers: list = []  # tracing: reads the state right after each call below; changes nothing
 
     def _notify(self, hook: str, *args) -> None:
@@ -141,6 +144,7 @@ class Scheduler:
             finished_req_ids=self.finished_req_ids,
             preempted_req_ids={r.request_id for r in preempted},
             scheduled_spec_decode_tokens=spec_tokens,
+            num_spec_tokens_to_schedule=self._num_spec_tokens_to_schedule(),
         )
         self._update_after_schedule(output)
         self._notify("on_schedule", output)
@@ -230,11 +234,19 @@ class Scheduler:
         return engine_core_outputs
 
     def update_draft_token_ids(self, draft_token_ids) -> None:
-        """Speculative decoding: each still-running request's drafts for its next step (a DraftTokenIds)."""
+        """Speculative decoding: each still-running request's drafts for its next step (a DraftTokenIds), as many
+        as the batch in flight allows (_num_spec_tokens_to_schedule)."""
+        k = self._num_spec_tokens_to_schedule()
         for req_id, drafts in zip(draft_token_ids.req_ids, draft_token_ids.draft_token_ids):
             request = self.requests.get(req_id)
             if request is not None and request.status == RequestStatus.RUNNING:
-                request.spec_token_ids = drafts
+                request.spec_token_ids = drafts[:k]
+
+    def _num_spec_tokens_to_schedule(self) -> int:
+        """Drafts per request for the next step, from the requests in flight (running, and waiting up to
+        max_num_seqs): k, fewer as the batch grows past max_verify_tokens (spec_decode/config.py)."""
+        in_flight = min(len(self.running) + len(self.waiting), self.scheduler_config.max_num_seqs)
+        return num_spec_tokens_to_schedule(self.num_spec_tokens, in_flight, self.max_verify_tokens)
 
     def _update_request_with_output(self, request: Request, new_token_ids: list[int]) -> tuple[list[int], bool]:
         """Append the sampled tokens one by one up to the first that ends the request: (tokens kept, stopped)."""
