@@ -29,7 +29,8 @@ ORDER = [("throughput", "Offline throughput"), ("vs_vllm", "Against vLLM's CPU b
          ("prefill_attention", "Prefill attention"), ("prefix_caching", "Prefix caching"),
          ("spec_decode", "Speculative decoding"), ("tensor_parallel", "Tensor parallelism"),
          ("async_scheduling", "Async scheduling on and off"), ("shared_cpu", "A shared CPU"),
-         ("kernels", "Triton kernels")]
+         ("kernels", "Triton kernels"),
+         ("grade_class", "Grading a class")]
 # the columns that say which round a row is, first, in this order; the numbers follow as the file lists them
 LEADING = ["in flight", "workload", "dtype", "rows", "tokens", "kernel", "system", "prefix caching", "child OpenMP",
            "neighbour", "round"]

@@ -171,6 +171,11 @@ class EngineConfig:
         return None if self.speculative_config is None else SpeculativeConfig.from_dict(self.speculative_config)
 
     @property
+    def spec_max_verify_tokens(self) -> int | None:
+        """The most tokens a speculative step verifies before drafts shrink (spec_decode/config.py); None: no bound."""
+        return envs.spec_max_verify_tokens(self.device)
+
+    @property
     def local_world_size(self) -> int:
         """The ranks that run on this machine."""
         return self.tensor_parallel_size // self.nnodes

@@ -105,11 +105,11 @@ def spec_max_verify_tokens(device: str) -> int | None:
     raw = get("MINIVLLM_SPEC_MAX_VERIFY_TOKENS")
     if raw is None:
         return CPU_SPEC_MAX_VERIFY_TOKENS if device == "cpu" else None
-    if raw.lower() in ("0", "none"):
+    if raw.lower() == "none":
         return None
     if not raw.isdigit():
         raise ValueError(f"MINIVLLM_SPEC_MAX_VERIFY_TOKENS={raw!r}: give a positive int, or 0 / none for no bound")
-    return int(raw)
+    return int(raw) or None
 
 
 def enable_v1_multiprocessing() -> bool:

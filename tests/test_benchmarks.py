@@ -211,3 +211,14 @@ def test_cpu_graph_benchmark_runs_both_engines(tiny_llama_folder, capsys, monkey
         assert "decode batches replayed: 1-256 requests" in out
     doc = result_of(tmp_path, "cpu_graph")
     assert len(doc["rounds"]) == 4 and doc["summary"]["same tokens"] is True
+
+
+def test_grade_class_benchmark_grades_a_made_up_class(capsys, monkeypatch, tmp_path):
+    monkeypatch.setattr(sys, "argv", ["grade_class.py", "--students", "2", "--labs", "7", "--results", str(tmp_path)])
+    with pytest.raises(SystemExit) as exit_:
+        runpy.run_path("benchmarks/grade_class.py", run_name="__main__")
+    out = capsys.readouterr().out
+    assert exit_.value.code == 0, out
+    assert "2 students x 1 labs" in out and "every row as expected: True" in out
+    doc = result_of(tmp_path, "grade_class")
+    assert doc["summary"]["students"] == 2 and [r["lab"] for r in doc["rounds"]] == [7]

@@ -29,7 +29,7 @@ def test_the_bound_defaults_by_device_and_is_read_strictly(monkeypatch):
     monkeypatch.delenv("MINIVLLM_SPEC_MAX_VERIFY_TOKENS", raising=False)
     assert envs.spec_max_verify_tokens("cpu") == envs.CPU_SPEC_MAX_VERIFY_TOKENS
     assert envs.spec_max_verify_tokens("cuda") is None
-    for raw, want in (("0", None), ("none", None), ("40", 40)):
+    for raw, want in (("0", None), ("00", None), ("none", None), ("NONE", None), ("40", 40)):
         monkeypatch.setenv("MINIVLLM_SPEC_MAX_VERIFY_TOKENS", raw)
         assert envs.spec_max_verify_tokens("cpu") == want
     monkeypatch.setenv("MINIVLLM_SPEC_MAX_VERIFY_TOKENS", "lots")

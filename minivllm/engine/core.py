@@ -21,7 +21,6 @@ import signal
 import traceback
 from collections import deque
 
-from minivllm import envs
 from minivllm.attention.selector import get_attn_backend_name
 from minivllm.config import CacheConfig, EngineConfig
 from minivllm.core.kv_cache_utils import get_kv_cache_config, get_request_block_hasher, max_model_len_for
@@ -52,10 +51,9 @@ class EngineCore:
         self.scheduler = scheduler_class(config.scheduler_config(self.max_model_len),
                                    CacheConfig(config.block_size, self.num_gpu_blocks, config.enable_prefix_caching),
                                    num_spec_tokens=config.spec_config.num_speculative_tokens if config.spec_config else 0,
-                                   max_verify_tokens=envs.spec_max_verify_tokens(config.device))
+                                   max_verify_tokens=config.spec_max_verify_tokens)
         # prefix caching: each Request hashes its full blocks as its tokens arrive (vLLM's request_block_hasher)
-        self.request_block_hasher = get_request_block_hasher(config.block_size) \
-            if config.enable_prefix_caching else None
+        self.request_block_hasher = get_request_block_hasher(config.block_size) if config.enable_prefix_caching else None
         self.use_spec_decode = config.speculative_config is not None
         # Async scheduling: (future of a step's ModelRunnerOutput, its SchedulerOutput), newest first; two deep
         self.batch_queue: deque | None = deque() if config.async_scheduling else None
