@@ -202,8 +202,10 @@ def test_interpreter_env_set_by_package():
     subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, check=True)
 
 
-def test_benchmark_smoke(monkeypatch, capsys):
+def test_benchmark_smoke(monkeypatch, capsys, tmp_path):
+    """Its result goes to the test's folder, never into benchmarks/results/ (the performance page's source)."""
     monkeypatch.setattr(sys, "argv", ["kernels.py", "--device", "cpu", "--num-seqs", "2",
-                                      "--context-len", "20", "--iters", "1"])
+                                      "--context-len", "20", "--iters", "1", "--results", str(tmp_path)])
     runpy.run_path(str(REPO / "benchmarks" / "kernels.py"), run_name="__main__")
     assert "unified_attention" in capsys.readouterr().out
+    assert len(list(tmp_path.glob("kernels-*.json"))) == 1
