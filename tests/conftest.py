@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -94,3 +95,36 @@ def check_logprobs_close(a_runs, b_runs, a_name: str, b_name: str) -> int:
         else:
             identical += 1
     return identical
+
+
+CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
+
+
+def start_chromium(window_size: str, page_load_timeout: int):
+    """Debian's headless Chromium through its chromedriver, with a profile folder of its own that ``quit_chromium``
+    removes: without ``--user-data-dir`` every browser left an ``org.chromium.Chromium.*`` folder in /tmp."""
+    import tempfile
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    profile = tempfile.mkdtemp(prefix="minivllm-chromium-")
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                f"--window-size={window_size}", "--no-first-run", f"--user-data-dir={profile}"):
+        options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    try:
+        driver = webdriver.Chrome(options=options, service=Service(executable_path=str(CHROMEDRIVER)))
+    except BaseException:
+        shutil.rmtree(profile, ignore_errors=True)
+        raise
+    driver.set_page_load_timeout(page_load_timeout)  # bounds a hang only: a busy machine loads a page slowly
+    driver.minivllm_profile = profile
+    return driver
+
+
+def quit_chromium(driver) -> None:
+    try:
+        driver.quit()
+    finally:
+        shutil.rmtree(driver.minivllm_profile, ignore_errors=True)

@@ -23,11 +23,12 @@ from pathlib import Path
 
 import pytest
 
+from conftest import CHROMEDRIVER, CHROMIUM, quit_chromium, start_chromium
+
 ROOT = Path(__file__).resolve().parents[1]
 ARTICLE = ("https://dev.to/yuan_lei_e631e36865ed370b/"
            "inside-vllm-following-one-request-from-the-api-to-gpu-execution-1ja6")
 ZHIHU = "https://zhuanlan.zhihu.com/p/2060033883849204419"
-CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
 DOCS_INSTALL = "make setup-docs (pip install -e '.[docs]')"
 
 
@@ -144,23 +145,15 @@ def base_url(site):
 def browser():
     try:
         from selenium import webdriver
-        from selenium.webdriver.chrome.service import Service
     except ImportError:
         webdriver = None
     _need(webdriver is not None and CHROMIUM.exists() and CHROMEDRIVER.exists(),
           "no headless browser: apt-get install -y chromium chromium-driver (make setup-browser) and selenium")
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--window-size=1400,1200", "--no-first-run"):
-        options.add_argument(arg)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(options=options, service=Service(executable_path=str(CHROMEDRIVER)))
-    driver.set_page_load_timeout(60)
+    driver = start_chromium("1400,1200", page_load_timeout=60)
     try:
         yield driver
     finally:
-        driver.quit()
+        quit_chromium(driver)
 
 
 class _Refs(html.parser.HTMLParser):

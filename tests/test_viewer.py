@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
+from conftest import CHROMEDRIVER, CHROMIUM, quit_chromium, start_chromium
+
 INSTALL = "apt-get install -y chromium chromium-driver (as root; `make setup` runs it) and pip install selenium"
 SHARED = "You are a helpful assistant who answers in short, plain sentences. "
 RUNS = {"default": [], "chunked": ["--max-num-batched-tokens", "3"],
@@ -78,25 +79,17 @@ def browser():
     engine run on a loaded machine was seen to crash)."""
     try:
         from selenium import webdriver
-        from selenium.webdriver.chrome.service import Service
     except ImportError:
         webdriver = None
     if webdriver is None or not CHROMIUM.exists() or not CHROMEDRIVER.exists():
         if os.environ.get("CI") == "true":
             pytest.fail(f"no headless browser for the viewer test under CI: {INSTALL}")
         pytest.skip(f"no headless browser (needs {CHROMIUM}, {CHROMEDRIVER}, selenium): {INSTALL}")
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--window-size=1600,2300", "--no-first-run"):
-        options.add_argument(arg)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(options=options, service=Service(executable_path=str(CHROMEDRIVER)))
-    driver.set_page_load_timeout(120)  # bounds a hang only: a busy machine loads a page slowly
+    driver = start_chromium("1600,2300", page_load_timeout=120)
     try:
         yield driver
     finally:
-        driver.quit()
+        quit_chromium(driver)
 
 
 @pytest.fixture(scope="module", params=list(RUNS))
