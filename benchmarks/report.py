@@ -25,7 +25,8 @@ END = "<!-- perf-report: end -->"
 # (benchmark, heading): the order of the page; a benchmark not named here follows, alphabetically
 ORDER = [("throughput", "Offline throughput"), ("vs_vllm", "Against vLLM's CPU build, offline"),
          ("serve_vs_vllm", "Against vLLM's CPU build, serving"), ("sweep", "How cost grows (serving sweep)"),
-         ("cpu_graph", "CPU graphs against eager"), ("decode_gemm", "The decode GEMM"),
+         ("cpu_graph", "CPU graphs against eager"), ("one_request", "One request against the memory floor"),
+         ("decode_gemm", "The decode GEMM"),
          ("prefill_attention", "Prefill attention"), ("prefix_caching", "Prefix caching"),
          ("spec_decode", "Speculative decoding"), ("tensor_parallel", "Tensor parallelism"),
          ("async_scheduling", "Async scheduling on and off"), ("shared_cpu", "A shared CPU"),

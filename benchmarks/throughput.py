@@ -53,11 +53,16 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0, help="workload seed (default: 0)")
     p.add_argument("--dtype", default="float32,bfloat16",
                    help="comma-separated dtypes minivllm runs in (default: float32,bfloat16)")
+    p.add_argument("--gemm-size", type=int, default=None, metavar="N",
+                   help="the N x N multiply the peak GEMM rate (MFU's denominator) is measured with "
+                        "(default: 2048 on the CPU, 8192 on a GPU; smaller is quicker and less exact)")
     p.add_argument("--write-workload", metavar="FILE", help="also write the workload's token ids as JSON")
     p.add_argument("--json", metavar="FILE", help="also write every round's times and the table as JSON")
     results.add_arguments(p)
     args = p.parse_args(argv)
     args.dtypes = args.dtype.split(",")
+    if args.gemm_size is not None and args.gemm_size < 1:
+        p.error(f"--gemm-size {args.gemm_size}: give a positive matrix size such as 2048")
     for dtype in args.dtypes:
         if dtype not in DTYPES:
             p.error(f"--dtype {dtype!r}: choose from {', '.join(DTYPES)}")
@@ -103,11 +108,12 @@ def workload_flops(config, prompts, max_tokens) -> float:
     return total
 
 
-def matmul_rate(device: str, dtype: torch.dtype = torch.float32) -> float:
-    """This machine's GEMM rate in `dtype` (FLOP/s): the best of several square multiplies, through every
-    GEMM path the engine could use here (on the CPU: MKL's torch.mm, oneDNN with a packed weight and, in
-    float32, minivllm's own compiled kernel), so that MFU is measured against the fastest of them."""
-    n = 2048 if device == "cpu" else 8192
+def matmul_rate(device: str, dtype: torch.dtype = torch.float32, n: int | None = None) -> float:
+    """This machine's GEMM rate in `dtype` (FLOP/s): the best of several n x n multiplies (n: 2048 on the CPU,
+    8192 on a GPU, unless given), through every GEMM path the engine could use here (on the CPU: MKL's
+    torch.mm, oneDNN with a packed weight and, in float32, minivllm's own compiled kernel), so that MFU is
+    measured against the fastest of them."""
+    n = n or (2048 if device == "cpu" else 8192)
     a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
     paths = [lambda: torch.mm(a, b)]
     if device == "cpu" and torch.backends.mkldnn.is_available():
@@ -219,7 +225,7 @@ def main(argv=None):
           f"({sum(map(len, prompts))} in all), max_tokens {args.min_output}-{args.max_output} ({requested} in all)")
     dtypes = sorted({s.dtype for s in systems}, key=str)
     # measured before and after the runs; the best counts (noise only lowers it)
-    peak = {d: matmul_rate(args.device, d) for d in dtypes}
+    peak = {d: matmul_rate(args.device, d, args.gemm_size) for d in dtypes}
     warm = min(4, len(prompts))
     for s in systems:  # warm-up
         s.run(prompts[:warm], [8] * warm)
@@ -233,7 +239,7 @@ def main(argv=None):
             times[s.name].append(time.perf_counter() - t)
             assert produced >= requested, f"{s.name} produced {produced} of {requested} tokens"
         print(f"round {r + 1}: " + ", ".join(f"{n} {t[-1]:.2f} s" for n, t in times.items()))
-    peak = {d: max(peak[d], matmul_rate(args.device, d)) for d in dtypes}
+    peak = {d: max(peak[d], matmul_rate(args.device, d, args.gemm_size)) for d in dtypes}
     flops = workload_flops(config, prompts, max_tokens)
     rates = ", ".join(f"{str(d).removeprefix('torch.')} {p / 1e9:.1f}" for d, p in peak.items())
     print(f"device: {args.device}, {torch.get_num_threads()} threads; measured matmul rate (GFLOP/s) {rates}; "

@@ -97,11 +97,11 @@ def _log_native_once(dtype: str, built: bool) -> None:
 
 def pack_small_batch_linear(weight: torch.Tensor) -> torch.Tensor | None:
     """W [n, k] -> the C GEMM's panels where it will run, else None (oneDNN only): float32 with the library
-    built; bfloat16 where the library has its AVX512_BF16 tile (without it the plain-C tile would be slower
-    than oneDNN's bf16 kernels, so bf16 stays on oneDNN)."""
+    built; bfloat16 where the library has an AVX-512 bf16 tile (AVX512_BF16's dot products, or FMAs on widened
+    weights; without AVX-512 the plain-C tile would be slower than oneDNN's bf16 kernels, so bf16 stays there)."""
     if not compiled_cpu_ops_serve(weight.device, weight.dtype):
         return None
-    if weight.dtype == torch.float32 or (weight.dtype == torch.bfloat16 and _C.linear_bf16_has_dp()):
+    if weight.dtype == torch.float32 or (weight.dtype == torch.bfloat16 and _C.linear_bf16_vectorized()):
         return _C.pack_linear_weight(weight)
     return None
 

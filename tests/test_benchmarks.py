@@ -23,7 +23,8 @@ def result_of(folder, benchmark: str) -> dict:
 def test_throughput_benchmark_runs_all_three_systems(tiny_llama_folder, capsys, monkeypatch, tmp_path):
     monkeypatch.setattr(sys, "argv", ["throughput.py", "--model", str(tiny_llama_folder), "--num-requests", "3",
                                       "--min-input", "4", "--max-input", "12", "--min-output", "2",
-                                      "--max-output", "5", "--rounds", "1", "--profile", "--results", str(tmp_path)])
+                                      "--max-output", "5", "--rounds", "1", "--profile", "--gemm-size", "256",
+                                      "--results", str(tmp_path)])
     runpy.run_path("benchmarks/throughput.py", run_name="__main__")
     out = capsys.readouterr().out
     for name in ("minivllm", "hf-static", "hf-cb", "MFU", "where the time goes", "forward"):
@@ -48,7 +49,7 @@ def test_throughput_benchmark_prints_each_round_bf16_and_the_floor(tiny_llama_fo
     monkeypatch.setattr(sys, "argv", ["throughput.py", "--model", str(tiny_llama_folder), "--num-requests", "2",
                                       "--min-input", "4", "--max-input", "8", "--min-output", "2",
                                       "--max-output", "3", "--rounds", "2", "--systems", "minivllm",
-                                      "--write-workload", str(workload), "--results", str(tmp_path)])
+                                      "--gemm-size", "256", "--write-workload", str(workload), "--results", str(tmp_path)])
     runpy.run_path("benchmarks/throughput.py", run_name="__main__")
     out = capsys.readouterr().out
     for text in ("round 1:", "round 2:", "minivllm-bf16", "floor bfloat16:", "floor float32:", "x the floor"):
@@ -58,15 +59,18 @@ def test_throughput_benchmark_prints_each_round_bf16_and_the_floor(tiny_llama_fo
     assert [r["round"] for r in doc["rounds"]] == [1, 2] and "minivllm-bf16 MFU" in doc["summary"]
 
 
-def test_shared_cpu_benchmark_runs_every_configuration(tiny_llama_folder, capsys, monkeypatch, tmp_path):
+def test_shared_cpu_benchmark_runs_each_configuration_alone_and_beside_a_neighbour(tiny_llama_folder, capsys,
+                                                                                  monkeypatch, tmp_path):
+    # two of the four OpenMP configurations (each run starts an engine); --configs picks them
     monkeypatch.setattr(sys, "argv", ["shared_cpu.py", "--model", str(tiny_llama_folder), "--num-requests", "2",
-                                      "--rounds", "1", "--results", str(tmp_path)])
+                                      "--rounds", "1", "--configs", "passive,spin-2000", "--results", str(tmp_path)])
     runpy.run_path("benchmarks/shared_cpu.py", run_name="__main__")
     out = capsys.readouterr().out
-    for text in ("passive + neighbour", "active + neighbour", "spin-2000 + neighbour", "spin-2000 "):
+    for text in ("passive + neighbour", "spin-2000 + neighbour", "spin-2000 ", "beside a neighbour s"):
         assert text in out
     doc = result_of(tmp_path, "shared_cpu")
-    assert len(doc["rounds"]) == 8  # four policies, alone and beside a neighbour
+    assert sorted((r["child OpenMP"], r["neighbour"]) for r in doc["rounds"]) == [
+        ("passive", False), ("passive", True), ("spin-2000", False), ("spin-2000", True)]
 
 
 def test_tensor_parallel_benchmark_runs_both_sizes(tiny_llama_folder, capsys, monkeypatch, tmp_path):
@@ -222,3 +226,17 @@ def test_grade_class_benchmark_grades_a_made_up_class(capsys, monkeypatch, tmp_p
     assert "2 students x 1 labs" in out and "every row as expected: True" in out
     doc = result_of(tmp_path, "grade_class")
     assert doc["summary"]["students"] == 2 and [r["lab"] for r in doc["rounds"]] == [7]
+
+
+def test_one_request_benchmark_prints_the_step_against_the_floor(tiny_llama_folder, capsys, monkeypatch, tmp_path):
+    monkeypatch.setattr(sys, "argv", ["one_request.py", "--model", str(tiny_llama_folder), "--dtype", "float32",
+                                      "--tokens", "4", "--rounds", "2", "--results", str(tmp_path)])
+    bench = runpy.run_path("benchmarks/one_request.py", run_name="__main__")
+    out = capsys.readouterr().out
+    for text in ("round 1: bandwidth", "round 2: bandwidth", "step / floor", "median: step"):
+        assert text in out
+    doc = result_of(tmp_path, "one_request")
+    assert [r["round"] for r in doc["rounds"]] == [1, 2]
+    from transformers import AutoConfig  # the weights a step reads, as throughput.py counts them, in float32
+    weights = bench["throughput"].model_weights(AutoConfig.from_pretrained(tiny_llama_folder))
+    assert doc["summary"]["weight MB"] * 1e6 == pytest.approx(weights * 4, rel=1e-4)

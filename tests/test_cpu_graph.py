@@ -40,7 +40,7 @@ def test_replayed_decode_steps_match_the_eager_forward_bit_for_bit(tiny_llama_fo
     graph = _runner(graphed).model
     got = _generate(graphed)
     assert got == expected  # tokens and logprobs, exactly
-    if dtype == "bfloat16" and not _C.linear_bf16_has_dp():  # bf16 GEMMs on oneDNN: a torch op, refused
+    if dtype == "bfloat16" and not _C.linear_bf16_vectorized():  # bf16 GEMMs on oneDNN: a torch op, refused
         assert graph.template is None and graph.num_replays == 0
         return
     assert graph.template.sizes == range(1, 257)
@@ -48,8 +48,8 @@ def test_replayed_decode_steps_match_the_eager_forward_bit_for_bit(tiny_llama_fo
 
 
 def test_smollm2_bf16_replays_match_eager(smollm_folder):
-    if not (_C.available() and _C.linear_bf16_has_dp()):
-        pytest.skip("the bf16 C GEMM needs AVX512_BF16")
+    if not (_C.available() and _C.linear_bf16_vectorized()):
+        pytest.skip("the bf16 C GEMM needs AVX-512")
     kw = dict(multiprocess=False, max_model_len=256, dtype="bfloat16", enable_prefix_caching=False)
     expected = _generate(LLM(str(smollm_folder), enforce_eager=True, **kw))
     graphed = LLM(str(smollm_folder), **kw)
@@ -130,3 +130,19 @@ def test_few_sequences_record_once_and_serve_that_size(tiny_llama_folder, max_nu
     # below three sequences one recording, serving its own size; from three, every size 1..max
     sizes = range(1, 4) if max_num_seqs == 3 else range(max_num_seqs, max_num_seqs + 1)
     assert graph.template.sizes == sizes and graph.num_replays > 0
+
+
+def test_a_recording_writes_the_calls_down_without_running_them():
+    # A capture costs no arithmetic: the forward's C calls (all returning nothing) are written down, not run;
+    # a function that answers something (panel_width) is the library's own.
+    from minivllm.compilation.recorder import Recording
+
+    class Library:
+        def __getattr__(self, name):
+            if name == "panel_width":
+                return lambda: 32
+            raise AssertionError(f"the recording ran {name}")
+
+    recording = Recording(Library())
+    recording.silu_and_mul(1, 2, 3, 4, 0)
+    assert recording.calls == [("silu_and_mul", (1, 2, 3, 4, 0))] and recording.panel_width() == 32

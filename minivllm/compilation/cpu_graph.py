@@ -17,15 +17,16 @@ What a replay needs, and how it is kept, as for CUDA graphs:
   torch op that computes (a norm in PyTorch, oneDNN's GEMM past the C kernel's rows, an all-reduce) or hands
   C a pointer into memory that is neither the arena's nor kept for good (weights, KV caches, the buffers).
 
-As vLLM's FULL_DECODE_ONLY mode, only uniform decode batches run as graphs (every request one token, no
-drafts), captured at start-up (`capture_model`) after the KV cache is allocated. Where vLLM captures a graph
-per size in a list and pads a batch up to the next (a padded row costs a CPU its full arithmetic), minivllm
-records the forward twice, at the largest size and at two requests, and keeps one template: the arguments that
-differ between the two are exactly the row count, set at each replay, so every size 1..max runs unpadded (as
-torch.compile's one graph with a symbolic num_tokens). Every other scalar a C op takes is frozen at capture, as a
-CUDA graph's kernel arguments are: a kernel must read what changes from step to step (positions, sequence lengths,
-block tables, slots) from tensors, as all of minivllm's do. The graph covers the decoder layers and the final norm;
-the embedding (a torch gather) runs before it, vLLM's `inputs_embeds` path. `enforce_eager=True` turns it off.
+As vLLM's FULL_DECODE_ONLY mode, only uniform decode batches run as graphs (every request one token, no drafts),
+captured at start-up (`capture_model`) after the KV cache is allocated. Where vLLM captures a graph per size in a
+list and pads a batch up to the next (a padded row costs a CPU its full arithmetic), minivllm records the forward
+twice (its C calls written down, not run: a capture does no arithmetic), at the largest size and at two requests,
+and keeps one template: the arguments that differ between the two are exactly the row count, set at each replay, so
+every size 1..max runs unpadded (as torch.compile's one graph with a symbolic num_tokens). Every other scalar a C
+op takes is frozen at capture, as a CUDA graph's kernel arguments are: a kernel must read what changes from step to
+step (positions, sequence lengths, block tables, slots) from tensors, as all of minivllm's do. The graph covers the
+decoder layers and the final norm; the embedding (a torch gather) runs before it, vLLM's `inputs_embeds` path.
+`enforce_eager=True` turns it off.
 
 As vLLM's wrapper, it wraps the model once, when the runner is built, and is called exactly like the model:
 `model(input_ids, positions)` inside the runner's forward context. It reads the step's attention metadata from
@@ -115,7 +116,8 @@ class CPUGraphWrapper:
                     self.template.sizes[0], self.template.sizes[-1], len(self.template.calls), self.arena.numel() / 1e6)
 
     def _record(self, n: int) -> Trace:
-        """One eager forward of n dummy decode requests (position 0, no KV write) on the persistent buffers."""
+        """The forward of n dummy decode requests (position 0, no KV write) on the persistent buffers, its C calls
+        written down and not run (recorder.py says why that is safe)."""
         self.inputs_embeds[:n], self.positions[:n], self.slot_mapping[:n], self.seq_lens[:n] = 0, 0, -1, 1
         self.block_table[:n] = 0
         md = AttentionMetadata(n, 1, self.query_start_loc[:n + 1], 1, self.seq_lens[:n], self.block_table[:n],
@@ -128,7 +130,7 @@ class CPUGraphWrapper:
                     out = self.runnable(None, self.positions[:n], inputs_embeds=self.inputs_embeds[:n])
         finally:
             _C._lib = recording._lib
-        if watch.refused:
+        if watch.refused:  # the Watch raised at the op; here as well, in case the model caught it
             raise CaptureRefused(watch.refused)
         return Trace(recording.calls, watch.allocs, out)
 

@@ -1,8 +1,11 @@
 """How minivllm/compilation/cpu_graph.py records a forward's C calls and makes one template of two recordings.
 
 No vLLM counterpart: a CUDA graph is recorded by the driver. Here a forward is recorded twice: a stand-in for
-_C's library writes down each C call (`Recording`) while a TorchDispatchMode (`Watch`) keeps every tensor the
-forward allocates and refuses any torch op that computes. `derive_template` then checks the two recordings
+_C's library writes down each C call without running it (`Recording`) while a TorchDispatchMode (`Watch`) keeps
+every tensor the forward allocates and refuses, at once, any torch op that computes. Not running the calls is
+what makes a capture cheap (no arithmetic at the largest batch), and it is safe for the same reason a replay is:
+in a forward the Watch accepts, only C calls read what C calls write; Python reading a value would be a torch op
+(`.item()`, a comparison), which stops the recording before it sees the unwritten bytes. `derive_template` then checks the two recordings
 against each other (the same calls; arguments equal, or differing exactly as the two row counts; allocations
 growing with the rows), turns every pointer into a forward-made tensor into an offset in one arena (`place`:
 tensors whose lifetimes do not meet share bytes) and refuses any other pointer that is not into memory kept
@@ -41,29 +44,36 @@ class Watch(TorchDispatchMode):
         self.refused: str | None = None
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
         name = str(func)
+        if name not in _ALLOCATING and name not in _VIEWS:
+            self._refuse(f"the forward runs {name}, which a replay of C calls would skip")
+        out = func(*args, **(kwargs or {}))
         if name in _ALLOCATING:
             self.allocs.append(out)
-        elif name not in _VIEWS:
-            self.refused = self.refused or f"the forward runs {name}, which a replay of C calls would skip"
         elif name in ("aten.to.dtype", "aten.contiguous.default") and out.data_ptr() != args[0].data_ptr():
-            self.refused = self.refused or f"the forward copies a tensor ({name})"
+            self._refuse(f"the forward copies a tensor ({name})")
         return out
+
+    def _refuse(self, why: str):
+        """Stop the recorded forward here: the C calls before this op did not run, so nothing may go on to read
+        their outputs."""
+        self.refused = why
+        raise CaptureRefused(why)
 
 
 class Recording:
-    """Stands in for _C._lib while capturing: runs each C call and writes down (name, args)."""
+    """Stands in for _C._lib while capturing: writes down each C call as (name, args) and does not run it (the
+    forward's C functions return nothing; see the module docstring for why skipping them is safe)."""
 
     def __init__(self, lib) -> None:
         self._lib, self.calls = lib, []
 
     def __getattr__(self, name):
-        fn = getattr(self._lib, name)
+        if name not in _C.SIGNATURES or _C.SIGNATURES[name][1] is not None:
+            return getattr(self._lib, name)  # one that answers something (panel_width): the library's own
 
         def call(*args):
             self.calls.append((name, args))
-            return fn(*args)
         return call
 
 

@@ -3,6 +3,7 @@
 `describe_rank` and `set_collective_recording` run inside the worker processes (EngineTracer calls them by
 `collective_rpc`, so they are module-level functions: a call is pickled by reference; with TP=1 it makes no
 such call at all); `rank_lines` turns their answers into the lines `make trace` prints for one step.
+`time_all_reduce` times one all-reduce on each rank, through shared memory and through gloo (notebook 08).
 """
 from __future__ import annotations
 
@@ -52,6 +53,31 @@ def describe_rank(worker) -> dict[str, Any]:
             "kv_cache_shape": list(runner.kv_caches[0].shape),
             "num_all_reduce": len(reduces), "all_reduce": reduces[:3],  # the embedding's, then layer 0's two
             "all_gather": [e for e in records if e["op"] == "all_gather"][-1:]}  # the sampled rows' logits
+
+
+def time_all_reduce(worker, numel: int = 576, iters: int = 200) -> dict[str, float]:
+    """In each worker: microseconds per all-reduce of `numel` float32 values (by default one decode row of
+    SmolLM2's hidden size), `iters` in a row, through the group's shared-memory communicator (the engine's path
+    when the ranks share a machine) and through torch.distributed's gloo group (the path without it)."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from minivllm.distributed.parallel_state import get_tp_group
+    tp, x = get_tp_group(), torch.zeros(numel)  # zeros: summed in place 200 times, they stay finite
+    paths = {"gloo": lambda: dist.all_reduce(x, group=tp.device_group)}
+    if tp.device_communicator is not None:
+        paths["shared memory"] = lambda: tp.device_communicator.all_reduce(x)
+    times = {}
+    for name, reduce in paths.items():
+        reduce()  # the first call's one-time costs
+        dist.barrier(group=tp.cpu_group)  # every rank starts the timed loop together
+        start = time.perf_counter()
+        for _ in range(iters):
+            reduce()
+        times[name] = 1e6 * (time.perf_counter() - start) / iters
+    return times
 
 
 def _span(bounds: list[int]) -> str:

@@ -104,23 +104,30 @@ void linear_small_batch(float *out, const float *x, const float *packed, const f
 
 /* ---- bfloat16: the same panels, with k taken in pairs ---------------------------------------------------------
  *
- * W [n, k] bf16 is packed into [cdiv(n, 32)][cdiv(k, 2)][32][2]: for each k pair, the two weights of each of
- * the panel's 32 columns side by side (an odd k gets a zero partner). With AVX512_BF16 one vdpbf16ps then
- * multiplies 16 columns' pairs by a row's pair of x values (broadcast as one 32-bit lane) and adds both
- * products into float32 accumulators: 32 multiply-adds per instruction, the weights read once per 12 rows
- * (24 accumulators; benchmarks/decode_gemm.py compares 8 and 12 rows). The
- * output is rounded to bf16 once, after the bias, as oneDNN's bf16 linear does. Without AVX512_BF16 the plain-C
- * tile computes the same sums (the Python side then keeps bf16 on oneDNN, where this tile would be slower). */
+ * W [n, k] bf16 is packed into [cdiv(n, 32)][cdiv(k, 2)][32][2]: for each k pair, the two weights of each of the
+ * panel's 32 columns side by side (an odd k gets a zero partner). With AVX512_BF16 one vdpbf16ps then multiplies 16
+ * columns' pairs by a row's pair of x values (broadcast as one 32-bit lane) and adds both products into float32
+ * accumulators: 32 multiply-adds per instruction, the weights read once per 12 rows (24 accumulators;
+ * benchmarks/decode_gemm.py compares 8 and 12 rows). The output is rounded to bf16 once, after the bias, as
+ * oneDNN's bf16 linear does. With AVX-512 but no AVX512_BF16 (Skylake to Ice Lake Xeons) the same panels are
+ * widened to float32 in registers (a 16-bit shift for the even k, a mask for the odd one) and multiplied by two
+ * FMAs in the order Intel documents for vdpbf16ps (the odd product first; a product of two bf16 values is exact in
+ * float32, so each FMA rounds as the dot product does): the weights still stream as bf16, half float32's bytes,
+ * which is what a decode step is bound by. Without AVX-512 the plain-C tile computes the same sums (the Python side
+ * then keeps bf16 on oneDNN, where that tile would be slower). */
 
 #define ROWS_BF16 12
 
-int linear_bf16_has_dp(void) {  /* 1 where the vdpbf16ps tile is compiled in (the fast path) */
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
-    return 1;
+#define BF16_TILE 2 /* vdpbf16ps */
+#elif defined(__AVX512F__) && defined(__AVX512BW__)
+#define BF16_TILE 1 /* float32 FMAs on widened weights */
 #else
-    return 0;
+#define BF16_TILE 0 /* plain C */
 #endif
-}
+
+int linear_bf16_has_dp(void) { return BF16_TILE == 2; }  /* 1 where the vdpbf16ps tile is compiled in */
+int linear_bf16_vectorized(void) { return BF16_TILE > 0; }  /* 1 where either AVX-512 tile is (bf16 runs here) */
 
 void pack_linear_weight_bf16(uint16_t *packed, const uint16_t *weight, int64_t n, int64_t k) {
     int64_t panels = (n + PANEL - 1) / PANEL, pairs = (k + 1) / 2;
@@ -142,7 +149,42 @@ ALWAYS_INLINE uint32_t x_pair(const uint16_t *x, int64_t kk, int64_t k) {
 /* How far ahead, in k pairs (128 bytes of panel each), a panel's first row tile prefetches it into L2. */
 #define PF_AHEAD 40
 
-#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+#if BF16_TILE > 0
+/* A panel's first row tile reads it from memory: it prefetches PF_AHEAD k pairs ahead, into the next panel at its
+ * end (they lie back to back; addresses as integers: past the last panel there is no object, and a prefetch never
+ * faults). The out-of-order window alone keeps too few lines in flight once a k pair carries 24 products. */
+ALWAYS_INLINE void prefetch_panel(const uint16_t *panel, int64_t kp) {
+    uintptr_t ahead = (uintptr_t)(panel + kp * 2 * PANEL) + PF_AHEAD * 2 * PANEL * sizeof *panel;
+    _mm_prefetch((const char *)ahead, _MM_HINT_T1);
+    _mm_prefetch((const char *)(ahead + 64), _MM_HINT_T1);
+}
+
+/* A row's pair (2 kp, 2 kp + 1) of x as one 32-bit word: one load where the pair is whole (building it from two
+ * halves took five scalar instructions and a GPR-to-vector move per row and k pair). */
+ALWAYS_INLINE uint32_t x_word(const uint16_t *xr, int64_t kp, int64_t whole, int64_t k) {
+    uint32_t xp;
+    if (kp < whole) memcpy(&xp, xr + 2 * kp, sizeof xp);
+    else xp = x_pair(xr, 2 * kp, k);
+    return xp;
+}
+
+/* The tile's float32 sums plus bias, rounded to bf16 once, into the first `cols` columns of `rows` rows. */
+ALWAYS_INLINE void store_tile_bf16(uint16_t *out, int64_t out_stride, __m512 acc[][2], const uint16_t *bias,
+                                   int64_t cols, int rows) {
+    __mmask16 m0 = panel_mask(cols, 0), m1 = panel_mask(cols, 1);
+    __m512 b0 = _mm512_setzero_ps(), b1 = _mm512_setzero_ps();
+    if (bias) {
+        b0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m0, bias)), 16));
+        b1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m1, bias + 16)), 16));
+    }
+    for (int r = 0; r < rows; r++) {
+        _mm256_mask_storeu_epi16(out + r * out_stride, m0, f32x16_to_bf16(_mm512_add_ps(acc[r][0], b0)));
+        _mm256_mask_storeu_epi16(out + r * out_stride + 16, m1, f32x16_to_bf16(_mm512_add_ps(acc[r][1], b1)));
+    }
+}
+#endif
+
+#if BF16_TILE == 2
 /* `stream`: this is the panel's first row tile, the one that reads it from memory. It then prefetches the panel
  * PF_AHEAD k pairs ahead, into the next panel at its end (they lie back to back). The out-of-order window alone
  * keeps too few lines in flight once a k pair carries 24 dot products. */
@@ -153,36 +195,42 @@ ALWAYS_INLINE void linear_tile_bf16(uint16_t *out, int64_t out_stride, const uin
     int64_t pairs = (k + 1) / 2, whole = k / 2;
     for (int r = 0; r < rows; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
     for (int64_t kp = 0; kp < pairs; kp++) {
-        if (stream) {  /* addresses as integers: past the last panel there is no object (a prefetch never faults) */
-            uintptr_t ahead = (uintptr_t)(panel + kp * 2 * PANEL) + PF_AHEAD * 2 * PANEL * sizeof *panel;
-            _mm_prefetch((const char *)ahead, _MM_HINT_T1);
-            _mm_prefetch((const char *)(ahead + 64), _MM_HINT_T1);
-        }
+        if (stream) prefetch_panel(panel, kp);
         __m512bh w0 = (__m512bh)_mm512_loadu_si512(panel + kp * 2 * PANEL);
         __m512bh w1 = (__m512bh)_mm512_loadu_si512(panel + kp * 2 * PANEL + PANEL);
         for (int r = 0; r < rows; r++) {
-            /* A whole pair is one 32-bit word of x: broadcast straight from memory (one load, where building it
-             * from two halves took five scalar instructions and a GPR-to-vector move per row and k pair). */
-            uint32_t xp;
-            if (kp < whole) memcpy(&xp, x + r * x_stride + 2 * kp, sizeof xp);
-            else xp = x_pair(x + r * x_stride, 2 * kp, k);
-            __m512bh xv = (__m512bh)_mm512_set1_epi32((int)xp);
+            __m512bh xv = (__m512bh)_mm512_set1_epi32((int)x_word(x + r * x_stride, kp, whole, k));
             acc[r][0] = _mm512_dpbf16_ps(acc[r][0], xv, w0);
             acc[r][1] = _mm512_dpbf16_ps(acc[r][1], xv, w1);
         }
     }
-    __mmask16 m0 = panel_mask(cols, 0), m1 = panel_mask(cols, 1);
-    __m512 b0 = _mm512_setzero_ps(), b1 = _mm512_setzero_ps();
-    if (bias) {
-        b0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m0, bias)), 16));
-        b1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m1, bias + 16)), 16));
+    store_tile_bf16(out, out_stride, acc, bias, cols, rows);
+}
+#elif BF16_TILE == 1
+ALWAYS_INLINE void linear_tile_bf16(uint16_t *out, int64_t out_stride, const uint16_t *x, int64_t x_stride,
+                                    const uint16_t *panel, int64_t k, const uint16_t *bias, int64_t cols, int rows,
+                                    int stream) {
+    __m512 acc[ROWS_BF16][2];
+    int64_t pairs = (k + 1) / 2, whole = k / 2;
+    const __m512i odd = _mm512_set1_epi32((int)0xffff0000u);  /* a 32-bit lane's upper bf16, as float32 */
+    for (int r = 0; r < rows; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    for (int64_t kp = 0; kp < pairs; kp++) {
+        if (stream) prefetch_panel(panel, kp);
+        __m512i p0 = _mm512_loadu_si512(panel + kp * 2 * PANEL);
+        __m512i p1 = _mm512_loadu_si512(panel + kp * 2 * PANEL + PANEL);
+        __m512 w0e = _mm512_castsi512_ps(_mm512_slli_epi32(p0, 16));
+        __m512 w0o = _mm512_castsi512_ps(_mm512_and_si512(p0, odd));
+        __m512 w1e = _mm512_castsi512_ps(_mm512_slli_epi32(p1, 16));
+        __m512 w1o = _mm512_castsi512_ps(_mm512_and_si512(p1, odd));
+        for (int r = 0; r < rows; r++) {
+            __m512i xv = _mm512_set1_epi32((int)x_word(x + r * x_stride, kp, whole, k));
+            __m512 xe = _mm512_castsi512_ps(_mm512_slli_epi32(xv, 16));
+            __m512 xo = _mm512_castsi512_ps(_mm512_and_si512(xv, odd));
+            acc[r][0] = _mm512_fmadd_ps(xe, w0e, _mm512_fmadd_ps(xo, w0o, acc[r][0]));
+            acc[r][1] = _mm512_fmadd_ps(xe, w1e, _mm512_fmadd_ps(xo, w1o, acc[r][1]));
+        }
     }
-    for (int r = 0; r < rows; r++) {
-        __m256i o0 = (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(acc[r][0], b0));
-        __m256i o1 = (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(acc[r][1], b1));
-        _mm256_mask_storeu_epi16(out + r * out_stride, m0, o0);
-        _mm256_mask_storeu_epi16(out + r * out_stride + 16, m1, o1);
-    }
+    store_tile_bf16(out, out_stride, acc, bias, cols, rows);
 }
 #else
 ALWAYS_INLINE void linear_tile_bf16(uint16_t *out, int64_t out_stride, const uint16_t *x, int64_t x_stride,
