@@ -72,7 +72,9 @@ def main(argv=None) -> None:
               f"step {1e3 * step:6.2f} ms ({1 / step:5.1f} tok/s)  step / floor {step / floor:.2f}x", flush=True)
     summary = {key + ", median": statistics.median(row[key] for row in rows)
                for key in ("bandwidth GB/s", "floor ms", "step ms", "step / floor", "tok/s")}
-    summary.update({"dtype": args.dtype, "weight MB": nbytes / 1e6, "cpu graphs": not args.enforce_eager})
+    model = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.model_runner.model
+    summary.update({"dtype": args.dtype, "weight MB": nbytes / 1e6, "enforce_eager": args.enforce_eager,
+                    "decode steps replayed as CPU graphs": getattr(model, "num_replays", 0)})
     print(f"median: step {summary['step ms, median']:.2f} ms against a floor of {summary['floor ms, median']:.2f} ms"
           f" = {summary['step / floor, median']:.2f}x")
     llm.shutdown()

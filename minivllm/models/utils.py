@@ -8,7 +8,8 @@ does the same with two GEMMs, picked per call by the batch's rows:
 
 - up to `small_batch_rows(dtype)` rows (every decode step), minivllm's compiled small-batch GEMM
   (csrc/cpu/gemm.c), which streams the weight from its own panel layout (_custom_ops.pack_small_batch_linear);
-  bf16 takes it only where the library has its AVX512_BF16 tile;
+  bf16 takes it where the library has an AVX-512 tile (AVX512_BF16's dot products, or FMAs on weights widened
+  in registers), and stays on oneDNN on a CPU without AVX-512;
 - more rows (prefill), oneDNN on its own packed weight, the GEMM vLLM's CPU build runs (`ops.onednn_mm`).
 
 The cost is a second copy of each weight; packing is a layout change only, so results agree with F.linear to
