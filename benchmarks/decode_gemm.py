@@ -1,12 +1,13 @@
 """A decode step's GEMMs on the CPU: minivllm's panel kernel against oneDNN's packed linear, side by side.
 
-Every linear weight of a Llama-shaped model (SmolLM2-135M's by default: 30 layers of qkv, o, gate_up and
-down, then lm_head) multiplied by --rows rows, one weight after the other as a forward does, so the weights
-stream from memory as they do in the engine (269 MB in bf16: more than any cache). minivllm's side is
+Every linear weight of a Llama-shaped model (SmolLM2-135M's by default: 30 layers of qkv, o, gate_up and down,
+then lm_head) multiplied by --rows rows, one weight after the other as a forward does, so the weights stream
+from memory as they do in the engine (269 MB in bf16: more than any cache). minivllm's side is
 `_C.linear_small_batch` on its own panels (csrc/cpu/gemm.c: in bf16 AVX512_BF16 dot products, or FMAs on
-widened weights where the CPU has AVX-512 without them; AVX-512 FMAs in float32); oneDNN's is `torch.ops.mkldnn._linear_pointwise` on `_reorder_linear_weight`'s packed weight,
-what the engine runs for bigger batches. The two alternate round by round; every round prints, then the
-medians, their ratio and the bandwidth the kernel reached (weight bytes / time). Outputs are compared too.
+widened weights where the CPU has AVX-512 without them; AVX-512 FMAs in float32); oneDNN's is
+`torch.ops.mkldnn._linear_pointwise` on `_reorder_linear_weight`'s packed weight, what the engine runs for
+bigger batches. The two alternate round by round; every round prints, then the medians, their ratio and the
+bandwidth the kernel reached (weight bytes / time). Outputs are compared too.
 
     python benchmarks/decode_gemm.py                              # bf16, rows 1 4 8 16 32 64 128, 5 rounds
     python benchmarks/decode_gemm.py --dtype float32 --rows 1 32
@@ -51,9 +52,9 @@ def main(argv=None) -> None:
     if not _C.available():
         sys.exit("the compiled CPU ops are not available here (a C compiler is needed; see the README)")
     dtype = getattr(torch, args.dtype)
-    if dtype == torch.bfloat16 and not _C.linear_bf16_vectorized():
+    if dtype == torch.bfloat16 and not _C.linear_bf16_tile():
         print("note: this CPU lacks AVX-512, so the engine keeps bf16 GEMMs on oneDNN; timing the plain-C tile")
-    elif dtype == torch.bfloat16 and not _C.linear_bf16_has_dp():
+    elif dtype == torch.bfloat16 and _C.linear_bf16_tile() < 2:
         print("note: this CPU lacks AVX512_BF16: the bf16 tile widens the weights to float32 and runs FMAs")
     torch.set_grad_enabled(False)
     gen = torch.Generator().manual_seed(0)

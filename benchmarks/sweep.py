@@ -48,7 +48,8 @@ def parse_args(argv=None):
     p.add_argument("--output-len", type=int, default=64, help="output tokens in the concurrency sweep (default: 64)")
     p.add_argument("--out", default="figures/sweep.png", help="the figure (default: figures/sweep.png)")
     p.add_argument("--json", metavar="FILE", help="also write every point as JSON")
-    p.add_argument("--quick", action="store_true", help="tiny sizes, concurrency 1 and 4, prompts 16 and 32, the GEMM rate from 256 x 256")
+    p.add_argument("--quick", action="store_true",
+                   help="tiny sizes, concurrency 1 and 4, prompts 16 and 32, the GEMM rate from 256 x 256")
     result_files.add_arguments(p)
     args = p.parse_args(argv)
     args.concurrency, args.prompt_lens = (CONCURRENCY, PROMPT_LENS) if not args.quick else ((1, 4), (16, 32))

@@ -47,8 +47,7 @@ SIGNATURES: dict[str, tuple[list, object]] = {
     # gemm.c: () -> PANEL / packed, weight, n, k / out, x, packed, bias, m, n, k, x_stride
     "panel_width": ([], _I64), "pack_linear_weight": ([_P, _P, _I64, _I64], None),
     "linear_small_batch": ([_P, _P, _P, _P, _I64, _I64, _I64, _I64], None),
-    "linear_bf16_vectorized": ([], _INT),  # () -> 1 where an AVX-512 bf16 tile is built in (dot products or FMAs)
-    "linear_bf16_has_dp": ([], _INT),  # () -> 1 where the AVX512_BF16 tile is built in; then as the float32 pair
+    "linear_bf16_tile": ([], _INT),  # () -> 2 AVX512_BF16 dot products, 1 AVX-512 FMAs, 0 plain C
     "pack_linear_weight_bf16": ([_P, _P, _I64, _I64], None), "linear_small_batch_bf16": ([_P] * 4 + [_I64] * 4, None),
     # shm.c (0 or -errno): handle [, name, rank, world_size, slot_bytes, timeout_ms / data, numel, dtype / in, out, n]
     "shm_handle_size": ([], _I64), "shm_group_open": ([_P, _P] + [_I64] * 4, _INT), "shm_group_close": ([_P], None),
@@ -218,15 +217,9 @@ def paged_attention(output: torch.Tensor, query: torch.Tensor, key_cache: torch.
                          output.stride(0), scale, _dtype(output, query, key_cache, value_cache))
 
 
-def linear_bf16_has_dp() -> bool:
-    """True where the library's bf16 small-batch GEMM runs on AVX512_BF16 dot products."""
-    return bool(_lib.linear_bf16_has_dp())
-
-
-def linear_bf16_vectorized() -> bool:
-    """True where the library's bf16 small-batch GEMM has an AVX-512 tile: AVX512_BF16 dot products, or (AVX-512
-    without them) FMAs on weights widened to float32 in registers; False where it is plain C."""
-    return bool(_lib.linear_bf16_vectorized())
+def linear_bf16_tile() -> int:
+    """The bf16 small-batch GEMM's tile: 2 AVX512_BF16 dot products, 1 FMAs on widened weights, 0 plain C."""
+    return _lib.linear_bf16_tile()
 
 
 def pack_linear_weight(weight: torch.Tensor) -> torch.Tensor:

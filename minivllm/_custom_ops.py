@@ -101,7 +101,7 @@ def pack_small_batch_linear(weight: torch.Tensor) -> torch.Tensor | None:
     weights; without AVX-512 the plain-C tile would be slower than oneDNN's bf16 kernels, so bf16 stays there)."""
     if not compiled_cpu_ops_serve(weight.device, weight.dtype):
         return None
-    if weight.dtype == torch.float32 or (weight.dtype == torch.bfloat16 and _C.linear_bf16_vectorized()):
+    if weight.dtype == torch.float32 or (weight.dtype == torch.bfloat16 and _C.linear_bf16_tile() > 0):
         return _C.pack_linear_weight(weight)
     return None
 

@@ -49,7 +49,8 @@ def test_throughput_benchmark_prints_each_round_bf16_and_the_floor(tiny_llama_fo
     monkeypatch.setattr(sys, "argv", ["throughput.py", "--model", str(tiny_llama_folder), "--num-requests", "2",
                                       "--min-input", "4", "--max-input", "8", "--min-output", "2",
                                       "--max-output", "3", "--rounds", "2", "--systems", "minivllm",
-                                      "--gemm-size", "256", "--write-workload", str(workload), "--results", str(tmp_path)])
+                                      "--gemm-size", "256", "--write-workload", str(workload),
+                                      "--results", str(tmp_path)])
     runpy.run_path("benchmarks/throughput.py", run_name="__main__")
     out = capsys.readouterr().out
     for text in ("round 1:", "round 2:", "minivllm-bf16", "floor bfloat16:", "floor float32:", "x the floor"):

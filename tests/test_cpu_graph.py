@@ -40,7 +40,7 @@ def test_replayed_decode_steps_match_the_eager_forward_bit_for_bit(tiny_llama_fo
     graph = _runner(graphed).model
     got = _generate(graphed)
     assert got == expected  # tokens and logprobs, exactly
-    if dtype == "bfloat16" and not _C.linear_bf16_vectorized():  # bf16 GEMMs on oneDNN: a torch op, refused
+    if dtype == "bfloat16" and not _C.linear_bf16_tile():  # bf16 GEMMs on oneDNN: a torch op, refused
         assert graph.template is None and graph.num_replays == 0
         return
     assert graph.template.sizes == range(1, 257)
@@ -48,7 +48,7 @@ def test_replayed_decode_steps_match_the_eager_forward_bit_for_bit(tiny_llama_fo
 
 
 def test_smollm2_bf16_replays_match_eager(smollm_folder):
-    if not (_C.available() and _C.linear_bf16_vectorized()):
+    if not (_C.available() and _C.linear_bf16_tile() > 0):
         pytest.skip("the bf16 C GEMM needs AVX-512")
     kw = dict(multiprocess=False, max_model_len=256, dtype="bfloat16", enable_prefix_caching=False)
     expected = _generate(LLM(str(smollm_folder), enforce_eager=True, **kw))

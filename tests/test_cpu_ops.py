@@ -108,7 +108,7 @@ def test_zeros_on_huge_pages_are_zeros_of_the_shape_asked_for():
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_the_engines_gemm_panels_sit_in_one_buffer_in_forward_order(tiny_llama_folder, dtype):
-    if dtype == "bfloat16" and not _C.linear_bf16_vectorized():
+    if dtype == "bfloat16" and not _C.linear_bf16_tile():
         pytest.skip("bf16 panels are packed only where the C GEMM has an AVX-512 tile")
     llm = LLM(str(tiny_llama_folder), dtype=dtype, multiprocess=False, max_model_len=64)
     model = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.model_runner.model

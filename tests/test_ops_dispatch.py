@@ -66,7 +66,7 @@ def test_ctypes_signatures_match_the_c_prototypes_and_definitions():
         assert not set(found) & set(defined), f"{source.name} defines a function another file defines"
         defined.update(found)
         assert '#include "ops.h"' in source.read_text(), f"{source.name} must include ops.h (the compiler checks)"
-    assert len(declared) == 19 and not mismatches(declared, defined), mismatches(declared, defined)
+    assert len(declared) == 18 and not mismatches(declared, defined), mismatches(declared, defined)
     assert not mismatches(declared, _C.SIGNATURES), mismatches(declared, _C.SIGNATURES)
 
 
@@ -247,7 +247,7 @@ def test_the_cpu_gemm_is_picked_by_rows_in_one_place(monkeypatch):
     panels = ops.pack_small_batch_linear(linear.weight)
     # bf16 gets panels only where an AVX-512 tile is built (dot products or FMAs); elsewhere bf16 stays on oneDNN
     assert panels is not None
-    assert (ops.pack_small_batch_linear(linear.weight.bfloat16()) is not None) == _C.linear_bf16_vectorized()
+    assert (ops.pack_small_batch_linear(linear.weight.bfloat16()) is not None) == (_C.linear_bf16_tile() > 0)
     calls = []
     real = _C.linear_small_batch
     monkeypatch.setattr(_C, "linear_small_batch", lambda *a: calls.append(a[0].shape[0]) or real(*a))
@@ -259,7 +259,7 @@ def test_the_cpu_gemm_is_picked_by_rows_in_one_place(monkeypatch):
         torch.testing.assert_close(linear.cpu_linear(x, linear.weight, bias), F.linear(x, weight, bias),
                                    rtol=1e-5, atol=1e-5)
     assert calls == [1, gemm_utils.SMALL_BATCH]  # the bigger batch went to oneDNN
-    if _C.linear_bf16_vectorized():  # bf16: up to BF16_SMALL_BATCH rows (fewer where AMX serves oneDNN)
+    if _C.linear_bf16_tile() > 0:  # bf16: up to BF16_SMALL_BATCH rows (fewer where AMX serves oneDNN)
         layer, calls[:] = torch.nn.Linear(40, 70, bias=False).bfloat16(), []
         weight = layer.weight.detach().clone()
         dispatch_cpu_unquantized_gemm(layer, remove_weight=False)

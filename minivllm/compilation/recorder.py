@@ -1,15 +1,15 @@
 """How minivllm/compilation/cpu_graph.py records a forward's C calls and makes one template of two recordings.
 
-No vLLM counterpart: a CUDA graph is recorded by the driver. Here a forward is recorded twice: a stand-in for
-_C's library writes down each C call without running it (`Recording`) while a TorchDispatchMode (`Watch`) keeps
-every tensor the forward allocates and refuses, at once, any torch op that computes. Not running the calls is
-what makes a capture cheap (no arithmetic at the largest batch), and it is safe for the same reason a replay is:
-in a forward the Watch accepts, only C calls read what C calls write; Python reading a value would be a torch op
-(`.item()`, a comparison), which stops the recording before it sees the unwritten bytes. `derive_template` then checks the two recordings
-against each other (the same calls; arguments equal, or differing exactly as the two row counts; allocations
-growing with the rows), turns every pointer into a forward-made tensor into an offset in one arena (`place`:
-tensors whose lifetimes do not meet share bytes) and refuses any other pointer that is not into memory kept
-between steps.
+No vLLM counterpart: a CUDA graph is recorded by the driver. Here a forward is recorded twice: a stand-in for _C's
+library writes down each C call without running it (`Recording`) while a TorchDispatchMode (`Watch`) keeps every
+tensor the forward allocates and refuses, at once, any torch op that computes. Not running the calls is what makes
+a capture cheap (no arithmetic at the largest batch), and it is safe for the same reason a replay is: in a forward
+the Watch accepts, only C calls read what C calls write; Python reading a value would be a torch op (`.item()`, a
+comparison), which stops the recording before it sees the unwritten bytes. `derive_template` then checks the two
+recordings against each other (the same calls; arguments equal, or differing exactly as the two row counts;
+allocations growing with the rows), turns every pointer into a forward-made tensor into an offset in one arena
+(`place`: tensors whose lifetimes do not meet share bytes) and refuses any other pointer that is not into memory
+kept between steps.
 """
 from __future__ import annotations
 

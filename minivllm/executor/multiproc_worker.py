@@ -89,3 +89,20 @@ def worker_main(config: EngineConfig, model_folder: str, local_rank: int, rank: 
         if conn is not None:
             conn.send(result)
     worker.shutdown()
+    _exit_without_teardown()
+
+
+def _exit_without_teardown() -> None:
+    """End the process once the worker has released what it holds (its group, its shared-memory segment), without
+    the interpreter's teardown: all that would add is third-party noise on stderr (transformers' config classes
+    import torch._dynamo and so Triton, whose bindings report "nanobind: leaked ..." at every teardown), printed
+    into the caller's terminal or notebook each time an engine with tensor parallelism shuts down."""
+    import logging
+    import sys
+    logging.shutdown()  # flush the log handlers, as the teardown would
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(0)

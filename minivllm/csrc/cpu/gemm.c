@@ -126,8 +126,7 @@ void linear_small_batch(float *out, const float *x, const float *packed, const f
 #define BF16_TILE 0 /* plain C */
 #endif
 
-int linear_bf16_has_dp(void) { return BF16_TILE == 2; }  /* 1 where the vdpbf16ps tile is compiled in */
-int linear_bf16_vectorized(void) { return BF16_TILE > 0; }  /* 1 where either AVX-512 tile is (bf16 runs here) */
+int linear_bf16_tile(void) { return BF16_TILE; }  /* which tile is compiled in, for _C.linear_bf16_tile */
 
 void pack_linear_weight_bf16(uint16_t *packed, const uint16_t *weight, int64_t n, int64_t k) {
     int64_t panels = (n + PANEL - 1) / PANEL, pairs = (k + 1) / 2;
@@ -185,49 +184,39 @@ ALWAYS_INLINE void store_tile_bf16(uint16_t *out, int64_t out_stride, __m512 acc
 #endif
 
 #if BF16_TILE == 2
-/* `stream`: this is the panel's first row tile, the one that reads it from memory. It then prefetches the panel
- * PF_AHEAD k pairs ahead, into the next panel at its end (they lie back to back). The out-of-order window alone
- * keeps too few lines in flight once a k pair carries 24 dot products. */
-ALWAYS_INLINE void linear_tile_bf16(uint16_t *out, int64_t out_stride, const uint16_t *x, int64_t x_stride,
-                                    const uint16_t *panel, int64_t k, const uint16_t *bias, int64_t cols, int rows,
-                                    int stream) {
-    __m512 acc[ROWS_BF16][2];
-    int64_t pairs = (k + 1) / 2, whole = k / 2;
-    for (int r = 0; r < rows; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-    for (int64_t kp = 0; kp < pairs; kp++) {
-        if (stream) prefetch_panel(panel, kp);
-        __m512bh w0 = (__m512bh)_mm512_loadu_si512(panel + kp * 2 * PANEL);
-        __m512bh w1 = (__m512bh)_mm512_loadu_si512(panel + kp * 2 * PANEL + PANEL);
-        for (int r = 0; r < rows; r++) {
-            __m512bh xv = (__m512bh)_mm512_set1_epi32((int)x_word(x + r * x_stride, kp, whole, k));
-            acc[r][0] = _mm512_dpbf16_ps(acc[r][0], xv, w0);
-            acc[r][1] = _mm512_dpbf16_ps(acc[r][1], xv, w1);
-        }
-    }
-    store_tile_bf16(out, out_stride, acc, bias, cols, rows);
+/* acc + the dot products of 16 columns' weight pairs `w` with a row's x pair `xp`: one vdpbf16ps. */
+ALWAYS_INLINE __m512 madd_pair(__m512 acc, uint32_t xp, __m512i w) {
+    return _mm512_dpbf16_ps(acc, (__m512bh)_mm512_set1_epi32((int)xp), (__m512bh)w);
 }
 #elif BF16_TILE == 1
+/* The same with two FMAs on the pairs widened to float32, the odd product first (as vdpbf16ps adds them). The
+ * weights' widening does not depend on the row, so the compiler hoists it out of the tile's row loop. */
+ALWAYS_INLINE __m512 madd_pair(__m512 acc, uint32_t xp, __m512i w) {
+    const __m512i odd = _mm512_set1_epi32((int)0xffff0000u);  /* a 32-bit lane's upper bf16, as float32 */
+    __m512i xv = _mm512_set1_epi32((int)xp);
+    acc = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(xv, odd)),
+                          _mm512_castsi512_ps(_mm512_and_si512(w, odd)), acc);
+    return _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(xv, 16)),
+                           _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)), acc);
+}
+#endif
+
+#if BF16_TILE > 0
+/* `stream`: this is the panel's first row tile, the one that reads it from memory (prefetch_panel). */
 ALWAYS_INLINE void linear_tile_bf16(uint16_t *out, int64_t out_stride, const uint16_t *x, int64_t x_stride,
                                     const uint16_t *panel, int64_t k, const uint16_t *bias, int64_t cols, int rows,
                                     int stream) {
     __m512 acc[ROWS_BF16][2];
     int64_t pairs = (k + 1) / 2, whole = k / 2;
-    const __m512i odd = _mm512_set1_epi32((int)0xffff0000u);  /* a 32-bit lane's upper bf16, as float32 */
     for (int r = 0; r < rows; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
     for (int64_t kp = 0; kp < pairs; kp++) {
         if (stream) prefetch_panel(panel, kp);
-        __m512i p0 = _mm512_loadu_si512(panel + kp * 2 * PANEL);
-        __m512i p1 = _mm512_loadu_si512(panel + kp * 2 * PANEL + PANEL);
-        __m512 w0e = _mm512_castsi512_ps(_mm512_slli_epi32(p0, 16));
-        __m512 w0o = _mm512_castsi512_ps(_mm512_and_si512(p0, odd));
-        __m512 w1e = _mm512_castsi512_ps(_mm512_slli_epi32(p1, 16));
-        __m512 w1o = _mm512_castsi512_ps(_mm512_and_si512(p1, odd));
+        __m512i w0 = _mm512_loadu_si512(panel + kp * 2 * PANEL);
+        __m512i w1 = _mm512_loadu_si512(panel + kp * 2 * PANEL + PANEL);
         for (int r = 0; r < rows; r++) {
-            __m512i xv = _mm512_set1_epi32((int)x_word(x + r * x_stride, kp, whole, k));
-            __m512 xe = _mm512_castsi512_ps(_mm512_slli_epi32(xv, 16));
-            __m512 xo = _mm512_castsi512_ps(_mm512_and_si512(xv, odd));
-            acc[r][0] = _mm512_fmadd_ps(xe, w0e, _mm512_fmadd_ps(xo, w0o, acc[r][0]));
-            acc[r][1] = _mm512_fmadd_ps(xe, w1e, _mm512_fmadd_ps(xo, w1o, acc[r][1]));
+            uint32_t xp = x_word(x + r * x_stride, kp, whole, k);
+            acc[r][0] = madd_pair(acc[r][0], xp, w0);
+            acc[r][1] = madd_pair(acc[r][1], xp, w1);
         }
     }
     store_tile_bf16(out, out_stride, acc, bias, cols, rows);

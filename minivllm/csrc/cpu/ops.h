@@ -41,8 +41,7 @@ int64_t panel_width(void);
 void pack_linear_weight(float *packed, const float *weight, int64_t n, int64_t k);
 void linear_small_batch(float *out, const float *x, const float *packed, const float *bias, int64_t m, int64_t n,
                         int64_t k, int64_t x_stride);
-int linear_bf16_has_dp(void);
-int linear_bf16_vectorized(void);
+int linear_bf16_tile(void);
 void pack_linear_weight_bf16(uint16_t *packed, const uint16_t *weight, int64_t n, int64_t k);
 void linear_small_batch_bf16(uint16_t *out, const uint16_t *x, const uint16_t *packed, const uint16_t *bias,
                              int64_t m, int64_t n, int64_t k, int64_t x_stride);
