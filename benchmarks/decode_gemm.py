@@ -52,9 +52,10 @@ def main(argv=None) -> None:
     if not _C.available():
         sys.exit("the compiled CPU ops are not available here (a C compiler is needed; see the README)")
     dtype = getattr(torch, args.dtype)
-    if dtype == torch.bfloat16 and not _C.linear_bf16_tile():
+    tile = _C.linear_bf16_tile()
+    if dtype == torch.bfloat16 and tile == 0:
         print("note: this CPU lacks AVX-512, so the engine keeps bf16 GEMMs on oneDNN; timing the plain-C tile")
-    elif dtype == torch.bfloat16 and _C.linear_bf16_tile() < 2:
+    elif dtype == torch.bfloat16 and tile == 1:
         print("note: this CPU lacks AVX512_BF16: the bf16 tile widens the weights to float32 and runs FMAs")
     torch.set_grad_enabled(False)
     gen = torch.Generator().manual_seed(0)

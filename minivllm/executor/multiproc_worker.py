@@ -10,8 +10,10 @@ broadcasts it; every rank runs it; the answers are gathered to rank 0, which sen
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import signal
+import sys
 import traceback
 from dataclasses import dataclass
 
@@ -97,8 +99,6 @@ def _exit_without_teardown() -> None:
     the interpreter's teardown: all that would add is third-party noise on stderr (transformers' config classes
     import torch._dynamo and so Triton, whose bindings report "nanobind: leaked ..." at every teardown), printed
     into the caller's terminal or notebook each time an engine with tensor parallelism shuts down."""
-    import logging
-    import sys
     logging.shutdown()  # flush the log handlers, as the teardown would
     for stream in (sys.stdout, sys.stderr):
         try:
